@@ -1,0 +1,41 @@
+"""Engine settings as one dataclass; `specwise` flags are generated from these fields."""
+
+from dataclasses import dataclass, field
+
+from specwise.errors import ConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = field(
+        default=None, metadata={"help": "HF directory or GGUF file; default: embedded SmolLM2-135M-Instruct"})
+    dtype: str = field(default="float32", metadata={"help": "compute dtype: float32, bfloat16 or float16"})
+    max_num_seqs: int = field(default=64, metadata={"help": "most sequences in one step (batch size)"})
+    max_num_batched_tokens: int = field(default=4096, metadata={"help": "most tokens in one prefill step"})
+    max_model_len: int = field(default=2048, metadata={"help": "longest prompt + output, in tokens"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
+    kv_cache_gb: float = field(default=1.0, metadata={"help": "memory budget of the paged KV cache, GiB"})
+    num_kv_blocks: int | None = field(default=None, metadata={"help": "KV-cache blocks (overrides --kv-cache-gb)"})
+    seed: int = field(default=0, metadata={"help": "engine seed for requests without their own"})
+    device: str = field(default="cpu", metadata={"help": "torch device"})
+    speculative: str | None = field(
+        default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L (none = off)"})
+    num_speculative_tokens: int = field(default=4, metadata={"help": "draft tokens per step (k)"})
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                              f"max_model_len ({self.max_model_len}) so any prompt fits in one prefill")
+        if self.kv_cache_gb <= 0:
+            raise ConfigError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0 <= self.num_speculative_tokens <= 16:
+            raise ConfigError(f"num_speculative_tokens must be in 0..16, got {self.num_speculative_tokens}")
