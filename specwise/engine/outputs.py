@@ -2,14 +2,7 @@
 
 from dataclasses import dataclass, field
 
-
-@dataclass
-class SpecCounters:
-    """Per-request speculative counters; definitions in specwise/spec/metrics.py."""
-    drafts: int = 0            # verification steps that carried at least one draft token
-    draft_tokens: int = 0      # draft tokens proposed
-    accepted_tokens: int = 0   # draft tokens accepted
-    accepted_per_position: list[int] = field(default_factory=list)
+from specwise.spec.metrics import SpecStats
 
 
 @dataclass
@@ -22,4 +15,4 @@ class RequestOutput:
     new_text: str                   # text added in this step; never splits a UTF-8 character
     finished: bool
     finish_reason: str | None       # "stop" (eos / stop token / stop string), "length", "abort"
-    spec: SpecCounters = field(default_factory=SpecCounters)
+    spec: SpecStats = field(default_factory=SpecStats)   # this request's drafts so far (a snapshot)

@@ -1,0 +1,168 @@
+"""The engine seam: add_request / step / abort / has_unfinished.
+
+    engine = LLMEngine(EngineConfig())
+    request_id = engine.add_request("Hello", SamplingParams(temperature=0))
+    while engine.has_unfinished():
+        for output in engine.step(): ...
+"""
+
+import random
+import time
+import uuid
+
+import torch
+
+from specwise.config import EngineConfig
+from specwise.engine.block_manager import BlockManager
+from specwise.engine.model_runner import ModelRunner, kv_block_bytes
+from specwise.engine.output_processor import OutputProcessor
+from specwise.engine.outputs import RequestOutput
+from specwise.engine.scheduler import ScheduledBatch, Scheduler
+from specwise.engine.sequence import Sequence
+from specwise.errors import InputError
+from specwise.models.llama import LlamaForCausalLM
+from specwise.models.loader import Checkpoint, load_checkpoint
+from specwise.models.rope import RotaryEmbedding
+from specwise.sampling_params import SamplingParams
+from specwise.spec.factory import build_proposer
+from specwise.spec.metrics import SpecStats
+
+Prompt = str | list[int] | list[dict]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
+        self.config = config
+        self.dtype = getattr(torch, config.dtype)
+        checkpoint = checkpoint or load_checkpoint(config.model, self.dtype)
+        self.tokenizer = checkpoint.tokenizer
+        self.model_config = checkpoint.config
+        self.max_model_len = min(config.max_model_len, checkpoint.config.max_position_embeddings)
+        self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len)
+        num_blocks = config.num_kv_blocks or int(
+            config.kv_cache_gb * 2**30 // kv_block_bytes(self.model, config.block_size, self.dtype))
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device)
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.scheduler.release_hooks += [self.runner.release, self._on_release]
+        self.requests: dict[str, Sequence] = {}
+        self.aborted: list[RequestOutput] = []
+        self.rng = random.Random(config.seed)
+        self.stats = SpecStats()
+        self.proposer = None
+        self.set_speculative(config.speculative, config.num_speculative_tokens)
+
+    def set_speculative(self, speculative: str | None, num_speculative_tokens: int) -> None:
+        """Switch drafting method between requests (the evaluator runs every arm on one load)."""
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("change speculation only while no request is in flight")
+        self.proposer = build_proposer(speculative, num_speculative_tokens, self)
+        self.num_speculative_tokens = num_speculative_tokens if self.proposer else 0
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self.requests:
+            raise InputError(f"request id {request_id!r} is already in flight")
+        token_ids = self.encode(prompt)
+        self._check_prompt_fits(token_ids)
+        seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63))
+        self.requests[request_id] = seq
+        self.outputs.add(seq)
+        self.scheduler.add(seq)
+        return request_id
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if prompt and all(isinstance(item, dict) for item in prompt):
+            return self.tokenizer.apply_chat_template(prompt)
+        if prompt and all(isinstance(item, int) for item in prompt):
+            if max(prompt) >= self.model_config.vocab_size or min(prompt) < 0:
+                raise InputError(f"token id out of range [0, {self.model_config.vocab_size})")
+            return list(prompt)
+        raise InputError("a prompt is a non-empty string, list of token ids, or list of chat messages")
+
+    def _check_prompt_fits(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise InputError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise InputError(f"the prompt has {len(token_ids)} tokens; the context window is "
+                             f"{self.max_model_len} (prompt + at least one output token)")
+        if self.block_manager.blocks_for(len(token_ids) + 1) > self.block_manager.num_blocks:
+            raise InputError(f"the prompt ({len(token_ids)} tokens) does not fit in the KV cache")
+
+    def abort(self, request_id: str) -> None:
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return
+        self.scheduler.finish(seq, "abort")
+        self.aborted.append(self._output(seq, [], "", "abort"))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self.aborted)
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self.aborted = self.aborted, []
+        batch = self.scheduler.schedule(self._draft_budget)
+        if batch is None:
+            return outputs
+        proposal = self._propose(batch)
+        started = time.perf_counter()
+        emitted = self.runner.execute(batch, proposal)
+        if proposal is not None:
+            self.stats.verifying_seconds += time.perf_counter() - started
+        return outputs + [self._advance(seq, tokens, batch, proposal, index)
+                          for index, (seq, tokens) in enumerate(zip(batch.seqs, emitted))]
+
+    def _draft_budget(self, seq: Sequence) -> int:
+        if self.proposer is None or not seq.sampling_params.speculative:
+            return 0
+        room = min(seq.sampling_params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1
+        return max(0, min(self.num_speculative_tokens, room))
+
+    def _propose(self, batch: ScheduledBatch):
+        if batch.is_prefill or self.proposer is None or not any(batch.num_draft_tokens):
+            return None
+        started = time.perf_counter()
+        proposal = self.proposer.propose(batch.seqs, batch.num_draft_tokens)
+        self.stats.drafting_seconds += time.perf_counter() - started
+        return proposal
+
+    def _advance(self, seq: Sequence, emitted: list[int], batch: ScheduledBatch, proposal, index: int):
+        num_drafted = 0 if proposal is None else len(proposal.draft_token_ids[index])
+        if num_drafted:
+            seq.spec.record(num_drafted, len(emitted) - 1)
+            self.stats.record(num_drafted, len(emitted) - 1)
+        seq.num_computed_tokens = len(seq) + len(emitted) - 1
+        result = self.outputs.append(seq, emitted)
+        if result.finish_reason:
+            self.scheduler.finish(seq, result.finish_reason)
+        else:
+            self.block_manager.trim(seq, len(seq))
+        return self._output(seq, result.new_token_ids, result.new_text, result.finish_reason)
+
+    def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason) -> RequestOutput:
+        text = self.outputs.text(seq)
+        if seq.is_finished:
+            self.requests.pop(seq.request_id, None)
+            self.outputs.remove(seq)
+        return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, new_token_ids, text,
+                             new_text, finished=seq.is_finished, finish_reason=finish_reason, spec=seq.spec.copy())
+
+    def _on_release(self, seq: Sequence) -> None:
+        if self.proposer is not None:
+            self.proposer.free(seq)
+
+
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
+    """Allocate without random init (meta device), load weights, then compute the rope tables."""
+    config = checkpoint.config
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_positions)
+    model = model.to_empty(device=device).to(dtype)
+    model.load_weights({name: tensor.to(dtype) for name, tensor in checkpoint.weights.items()})
+    model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling).to(device)
+    return model.eval().requires_grad_(False)

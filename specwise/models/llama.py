@@ -1,0 +1,122 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache.
+
+q/k/v and gate/up projections are fused at load time (`load_weights`) from the HF
+parameter names, so the model runs two matmuls where HF runs five.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specwise.models.attention import AttentionMetadata, paged_attention
+from specwise.models.config import ModelConfig
+from specwise.models.rope import RotaryEmbedding
+
+KVCache = tuple[torch.Tensor, torch.Tensor]   # key, value: [num_slots, kv_heads, head_dim] each
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        qkv_size = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                kv_cache: KVCache, metadata: AttentionMetadata) -> torch.Tensor:
+        num_seqs, q_len, _ = hidden.shape
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        query, key, value = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        query = query.view(num_seqs, q_len, self.num_heads, self.head_dim)
+        key = key.view(num_seqs, q_len, self.num_kv_heads, self.head_dim)
+        value = value.view(num_seqs, q_len, self.num_kv_heads, self.head_dim)
+        query, key = rotary(positions, query, key)
+        return self.o_proj(paged_attention(query, key, value, *kv_cache, metadata))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, hidden, positions, rotary, kv_cache, metadata):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, rotary, kv_cache, metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int | None = None):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
+                                      config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                metadata: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
+        """input_ids, positions [num_seqs, q_len] -> final-normed hidden states [num_seqs, q_len, hidden].
+
+        `num_layers` runs only the first layers (self-speculative drafting); `kv_caches`
+        then needs only that many entries.
+        """
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers[:num_layers], kv_caches):
+            hidden = layer(hidden, positions, self.rotary, kv_cache, metadata)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [num_rows, hidden] -> logits [num_rows, vocab_size] in fp32."""
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up."""
+        fused = dict(weights)
+        for index in range(self.config.num_hidden_layers):
+            prefix = f"model.layers.{index}."
+            for suffix in ("weight", "bias"):
+                parts = [fused.pop(f"{prefix}self_attn.{name}_proj.{suffix}", None) for name in "qkv"]
+                if parts[0] is not None:
+                    fused[f"{prefix}self_attn.qkv_proj.{suffix}"] = torch.cat(parts)
+            gate, up = (fused.pop(f"{prefix}mlp.{name}_proj.weight") for name in ("gate", "up"))
+            fused[f"{prefix}mlp.gate_up_proj.weight"] = torch.cat([gate, up])
+        renamed = {name.removeprefix("model."): tensor for name, tensor in fused.items()}
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight      # re-tie: to_empty() unties shared params
+            renamed["lm_head.weight"] = renamed["embed_tokens.weight"]
+        missing, unexpected = self.load_state_dict(renamed, strict=False)
+        if missing or unexpected:
+            raise KeyError(f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")

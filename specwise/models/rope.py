@@ -1,0 +1,56 @@
+"""Rotary position embeddings (HF "rotate half" layout), with Llama 3 and linear scaling."""
+
+import math
+
+import torch
+
+
+def inverse_frequencies(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:
+    """[head_dim // 2] fp64 inverse frequencies, scaled as the checkpoint asks."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    inv_freq = 1.0 / (rope_theta ** exponents)
+    kind = (rope_scaling or {}).get("rope_type") or (rope_scaling or {}).get("type")
+    if kind in (None, "default"):
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / rope_scaling["factor"]
+    if kind == "llama3":
+        return _llama3_scaling(inv_freq, rope_scaling)
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3)")
+
+
+def _llama3_scaling(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Long wavelengths are divided by `factor`, short ones kept, the band between blended."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling.get("low_freq_factor", 1.0)
+    high_freq_factor = scaling.get("high_freq_factor", 4.0)
+    original_len = scaling.get("original_max_position_embeddings", 8192)
+    wavelength = 2 * math.pi / inv_freq
+    low_freq_wavelength = original_len / low_freq_factor
+    high_freq_wavelength = original_len / high_freq_factor
+    smooth = (original_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelength > low_freq_wavelength, inv_freq / factor, inv_freq)
+    is_band = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
+    return torch.where(is_band, blended, scaled)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def __init__(self, head_dim: int, max_positions: int, rope_theta: float, rope_scaling: dict | None):
+        super().__init__()
+        inv_freq = inverse_frequencies(head_dim, rope_theta, rope_scaling)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)                       # [max_positions, head_dim]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
+        """positions [num_seqs, num_tokens]; query/key [num_seqs, num_tokens, heads, head_dim]."""
+        cos = self.cos[positions].unsqueeze(2).to(query.dtype)            # [num_seqs, num_tokens, 1, head_dim]
+        sin = self.sin[positions].unsqueeze(2).to(query.dtype)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
