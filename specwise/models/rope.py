@@ -3,6 +3,7 @@
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def inverse_frequencies(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:
@@ -46,8 +47,8 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """positions [num_seqs, num_tokens]; query/key [num_seqs, num_tokens, heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(2).to(query.dtype)            # [num_seqs, num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(2).to(query.dtype)
+        cos = F.embedding(positions, self.cos).unsqueeze(2).to(query.dtype)   # [num_seqs, num_tokens, 1, head_dim]
+        sin = F.embedding(positions, self.sin).unsqueeze(2).to(query.dtype)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
 
