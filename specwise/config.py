@@ -22,7 +22,13 @@ class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "torch device"})
     speculative: str | None = field(
         default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L (none = off)"})
-    num_speculative_tokens: int = field(default=4, metadata={"help": "draft tokens per step (k)"})
+    num_speculative_tokens: int = field(default=4, metadata={"help": "draft tokens per step (k, the most with a policy)"})
+    speculative_policy: str = field(
+        default="static", metadata={"help": "k per step: static, auto (cost model + measured acceptance), "
+                                            "or table:1=4,8=2,32=0 (batch >= N -> k)"})
+    step_profile: str | None = field(
+        default=None, metadata={"help": "step-cost profile from `specwise calibrate` for --speculative-policy auto "
+                                        "(default: measured at start-up)"})
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -37,5 +43,7 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not (self.speculative_policy in ("static", "auto") or self.speculative_policy.startswith("table:")):
+            raise ConfigError(f"speculative_policy must be static, auto or table:..., got {self.speculative_policy!r}")
         if not 0 <= self.num_speculative_tokens <= 16:
             raise ConfigError(f"num_speculative_tokens must be in 0..16, got {self.num_speculative_tokens}")

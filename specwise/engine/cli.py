@@ -6,10 +6,16 @@ import time
 
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
+from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 
 
 def register(subparsers) -> None:
+    register_generate(subparsers)
+    register_calibrate(subparsers)
+
+
+def register_generate(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="generate text from a prompt (streamed)",
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -53,3 +59,58 @@ def print_speed(started: float, first_token_at: float, num_tokens: int, engine) 
                  f"acceptance rate {stats.acceptance_rate:.2f}, mean acceptance length "
                  f"{stats.mean_acceptance_length:.2f}, per position {positions}]")
     print(line, file=sys.stderr)
+
+
+def register_calibrate(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "calibrate", help="measure this machine's step cost with our engine; save a step profile",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_dataclass_args(parser, EngineConfig, exclude=("speculative", "num_speculative_tokens", "seed"))
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated")
+    parser.add_argument("--tokens-per-seq", default="1,2,3,5,9", help="1 + k values, comma-separated")
+    parser.add_argument("--context-lens", default="0,128,512,1024", help="cached tokens per sequence")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per point (median kept)")
+    parser.add_argument("--output", default="step-profile.json", help="profile JSON to write")
+    parser.set_defaults(handler=run_calibrate)
+
+
+def run_calibrate(args) -> int:
+    import json
+    import platform
+    from rich.progress import Progress
+    from specwise.engine.llm_engine import LLMEngine
+    from specwise.engine.profiler import measure_grid
+    axes = [parse_int_list(text, name) for text, name in
+            ((args.batch_sizes, "--batch-sizes"), (args.tokens_per_seq, "--tokens-per-seq"),
+             (args.context_lens, "--context-lens"))]
+    engine = LLMEngine(dataclass_from_args(EngineConfig, args))
+    if max(axes[2]) + max(axes[1]) > engine.max_model_len:
+        raise ConfigError(f"--context-lens + --tokens-per-seq exceed the context window ({engine.max_model_len})")
+    with Progress() as progress:
+        task = progress.add_task("timing steps", total=len(axes[0]) * len(axes[1]) * len(axes[2]))
+        seconds = measure_grid(engine.runner, *axes, repeats=args.repeats,
+                               on_point=lambda: progress.advance(task))
+    profile = {"format": "specwise-step-profile", "version": 1,
+               "machine": f"{platform.machine()} {platform.processor() or ''} {torch_threads()} threads".strip(),
+               "model": f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
+                        f"{engine.config.dtype}",
+               "batch_sizes": axes[0], "tokens_per_seq": axes[1], "context_lens": axes[2], "seconds": seconds}
+    with open(args.output, "w", encoding="utf-8") as stream:
+        json.dump(profile, stream, indent=1)
+    print(f"wrote {args.output}: batch 1 decode {seconds[0][0][0] * 1000:.1f} ms/step")
+    return 0
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated whole numbers, got {text!r}") from None
+    if not values or values != sorted(set(values)) or values[0] < 0:
+        raise ConfigError(f"{flag} must be increasing non-negative numbers, got {text!r}")
+    return values
+
+
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()

@@ -24,7 +24,7 @@ from specwise.models.llama import LlamaForCausalLM
 from specwise.models.loader import Checkpoint, load_checkpoint
 from specwise.models.rope import RotaryEmbedding
 from specwise.sampling_params import SamplingParams
-from specwise.spec.factory import build_proposer
+from specwise.spec.factory import build_policy, build_proposer
 from specwise.spec.metrics import SpecStats
 
 Prompt = str | list[int] | list[dict]
@@ -59,6 +59,8 @@ class LLMEngine:
             raise RuntimeError("change speculation only while no request is in flight")
         self.proposer = build_proposer(speculative, num_speculative_tokens, self)
         self.num_speculative_tokens = num_speculative_tokens if self.proposer else 0
+        self.policy = build_policy(self)
+        self.step_k = self.num_speculative_tokens     # the policy's choice for the current step
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
@@ -106,6 +108,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs, self.aborted = self.aborted, []
+        self.step_k = self._choose_k()
         batch = self.scheduler.schedule(self._draft_budget)
         if batch is None:
             return outputs
@@ -121,14 +124,23 @@ class LLMEngine:
         if self.proposer is None or not seq.sampling_params.speculative:
             return 0
         room = min(seq.sampling_params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1
-        return max(0, min(self.num_speculative_tokens, room))
+        return max(0, min(self.step_k, room))
+
+    def _choose_k(self) -> int:
+        running = self.scheduler.running
+        if self.proposer is None or not running:
+            return self.num_speculative_tokens
+        context_len = sum(len(seq) for seq in running) // len(running)
+        return self.policy.choose_k(len(running), context_len)
 
     def _propose(self, batch: ScheduledBatch):
         if batch.is_prefill or self.proposer is None or not any(batch.num_draft_tokens):
             return None
         started = time.perf_counter()
         proposal = self.proposer.propose(batch.seqs, batch.num_draft_tokens)
-        self.stats.drafting_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.stats.drafting_seconds += seconds
+        self.policy.observe_drafting(seconds, len(batch.seqs), max(batch.num_draft_tokens))
         return proposal
 
     def _advance(self, seq: Sequence, emitted: list[int], batch: ScheduledBatch, proposal, index: int):
@@ -136,6 +148,7 @@ class LLMEngine:
         if num_drafted:
             seq.spec.record(num_drafted, len(emitted) - 1)
             self.stats.record(num_drafted, len(emitted) - 1)
+            self.policy.observe(num_drafted, len(emitted) - 1)
         seq.num_computed_tokens = len(seq) + len(emitted) - 1
         result = self.outputs.append(seq, emitted)
         if result.finish_reason:

@@ -38,6 +38,9 @@ class ModelRunner:
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.generators: dict[int, torch.Generator] = {}
 
+    def blocks_for(self, num_slots: int) -> int:
+        return -(-num_slots // self.block_size)
+
     @torch.inference_mode()
     def forward(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
                 last_only: bool, num_layers: int | None = None) -> torch.Tensor:
