@@ -13,7 +13,7 @@ from specwise.engine.sequence import Sequence
 from specwise.models.attention import AttentionMetadata
 from specwise.models.llama import LlamaForCausalLM
 from specwise.spec.proposer import Proposal
-from specwise.spec.rejection import rejection_sample
+from specwise.spec.rejection import greedy_accept, rejection_sample
 
 
 def kv_block_bytes(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -92,10 +92,12 @@ class ModelRunner:
         token_ids = [seq.uncomputed_token_ids + drafts for seq, drafts in zip(seqs, draft_token_ids)]
         starts = [seq.num_computed_tokens for seq in seqs]
         logits = self.forward(token_ids, starts, [seq.block_table for seq in seqs], last_only=batch.is_prefill)
+        greedy = [seq.sampling_params.greedy for seq in seqs]
+        if all(greedy):
+            return greedy_accept(logits.argmax(dim=-1).tolist(), draft_token_ids)
         target_probs = self.probs(logits, seqs)                             # [num_seqs, 1 + max_k, vocab]
         draft_probs = None if proposal is None else proposal.padded_draft_probs(
             target_probs.shape[1] - 1, target_probs.shape[2], self.device)
-        greedy = [seq.sampling_params.greedy for seq in seqs]
         generators = [self.generator(seq) for seq in seqs]
         return rejection_sample(target_probs, draft_token_ids, draft_probs, greedy, generators)
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from specwise.models.attention import AttentionMetadata, paged_attention
 from specwise.models.config import ModelConfig
-from specwise.models.rope import RotaryEmbedding
+from specwise.models.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]   # key, value: [num_slots, kv_heads, head_dim] each
 
@@ -36,7 +36,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: KVCache, metadata: AttentionMetadata) -> torch.Tensor:
         num_seqs, q_len, _ = hidden.shape
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -44,7 +44,7 @@ class Attention(nn.Module):
         query = query.view(num_seqs, q_len, self.num_heads, self.head_dim)
         key = key.view(num_seqs, q_len, self.num_kv_heads, self.head_dim)
         value = value.view(num_seqs, q_len, self.num_kv_heads, self.head_dim)
-        query, key = rotary(positions, query, key)
+        query, key = apply_rotary(query, *rope), apply_rotary(key, *rope)
         return self.o_proj(paged_attention(query, key, value, *kv_cache, metadata))
 
 
@@ -67,8 +67,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden, positions, rotary, kv_cache, metadata):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, rotary, kv_cache, metadata)
+    def forward(self, hidden, rope, kv_cache, metadata):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, kv_cache, metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -93,8 +93,9 @@ class LlamaForCausalLM(nn.Module):
         then needs only that many entries.
         """
         hidden = self.embed_tokens(input_ids)
+        rope = self.rotary(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers[:num_layers], kv_caches):
-            hidden = layer(hidden, positions, self.rotary, kv_cache, metadata)
+            hidden = layer(hidden, rope, kv_cache, metadata)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

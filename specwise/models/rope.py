@@ -45,13 +45,14 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
-        """positions [num_seqs, num_tokens]; query/key [num_seqs, num_tokens, heads, head_dim]."""
-        cos = F.embedding(positions, self.cos).unsqueeze(2).to(query.dtype)   # [num_seqs, num_tokens, 1, head_dim]
-        sin = F.embedding(positions, self.sin).unsqueeze(2).to(query.dtype)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [num_seqs, num_tokens] -> cos, sin [num_seqs, num_tokens, 1, head_dim], once per forward."""
+        cos = F.embedding(positions, self.cos).unsqueeze(2).to(dtype)
+        sin = F.embedding(positions, self.sin).unsqueeze(2).to(dtype)
+        return cos, sin
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [num_seqs, num_tokens, heads, head_dim] rotated by its positions' angles."""
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin

@@ -62,6 +62,21 @@ def rejection_sample(target_probs: torch.Tensor, draft_token_ids: list[list[int]
     return [row[:count] for row, count in zip(emitted.tolist(), num_emitted.tolist())]
 
 
+def greedy_accept(target_token_ids: list[list[int]], draft_token_ids: list[list[int]]) -> list[list[int]]:
+    """The greedy path alone, for batches where every row is greedy (no probabilities needed).
+
+    target_token_ids[i][j] is the target's argmax at position j of sequence i (1 + k_i of them);
+    emits the drafts up to the first mismatch, then the target's own token there.
+    """
+    emitted = []
+    for targets, drafts in zip(target_token_ids, draft_token_ids):
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+            accepted += 1
+        emitted.append(list(drafts[:accepted]) + [targets[accepted]])
+    return emitted
+
+
 def accept_and_resample(target_probs: torch.Tensor, draft_token_ids: torch.Tensor,
                         num_draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                         greedy: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
