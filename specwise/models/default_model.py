@@ -54,9 +54,9 @@ def fetch(target: Path) -> Path:
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as scratch:
             fetched = _download_and_unzip(Path(scratch), target)
             os.replace(fetched, target)
+        _stamp_path(target).write_text(_stamp_text(target))
     except OSError as e:
-        raise ModelLoadError(target, f"could not store the default model ({e}); {how_to_get_it()}") from None
-    _stamp_path(target).write_text(_stamp_text(target))
+        raise ModelLoadError(target, f"could not fetch or store the default model ({e}); {how_to_get_it()}") from None
     return target
 
 

@@ -1,8 +1,7 @@
 """Read a GGUF file: metadata to ModelConfig, tensors dequantized and renamed to HF names, and its tokenizer."""
 
-from pathlib import Path
-
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,7 +14,7 @@ from specwise.models.hf_loader import check_weights, hf_weight_shapes
 from specwise.models.tokenizer import Tokenizer, one_line
 
 Q = GGMLQuantizationType
-# Types dequantized here in torch; the gguf package's numpy code reads the rest of these.
+# Types read by our own vectorised numpy code; the gguf package dequantizes the rest of READABLE_TYPES.
 FAST_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1)
 READABLE_TYPES = FAST_TYPES + (Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # llama.cpp writes Mistral and SmolLM checkpoints as "llama".
@@ -91,7 +90,7 @@ def gguf_config(metadata: dict, tensors: dict[str, ReaderTensor], path: Path) ->
     eos = metadata.get("tokenizer.ggml.eos_token_id")
     fields = dict(
         architecture=arch,
-        vocab_size=value("vocab_size", None) or len(metadata.get("tokenizer.ggml.tokens", [])),
+        vocab_size=vocab_size(metadata, arch, tensors),
         hidden_size=hidden,
         intermediate_size=value("feed_forward_length"),
         num_hidden_layers=value("block_count"),
@@ -111,6 +110,13 @@ def gguf_config(metadata: dict, tensors: dict[str, ReaderTensor], path: Path) ->
         return ModelConfig(**fields)
     except (ConfigError, TypeError) as e:
         raise ModelLoadError(path, f"GGUF metadata does not describe a model specwise can run: {one_line(e)}") from None
+
+
+def vocab_size(metadata: dict, arch: str, tensors: dict[str, ReaderTensor]) -> int:
+    """Rows of the embedding (GGUF dims are [hidden, vocab]), else the metadata's count."""
+    if "token_embd.weight" in tensors and len(tensors["token_embd.weight"].shape) == 2:
+        return int(tensors["token_embd.weight"].shape[1])
+    return metadata.get(f"{arch}.vocab_size") or len(metadata.get("tokenizer.ggml.tokens", []))
 
 
 def rope_scaling(metadata: dict, arch: str, tensors: dict[str, ReaderTensor], head_dim: int,

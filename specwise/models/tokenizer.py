@@ -60,8 +60,11 @@ class Tokenizer:
             template = _jinja_env().from_string(self.chat_template)
         except jinja2.TemplateError as e:
             raise ConfigError(f"{self.source}: chat template does not compile: {e}") from None
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token, eos_token=self.eos_token, **template_vars)
+        try:
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.bos_token, eos_token=self.eos_token, **template_vars)
+        except jinja2.TemplateError as e:
+            raise InputError(f"chat template: {one_line(e)}") from None
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **template_vars) -> list[int]:
@@ -73,7 +76,7 @@ class Tokenizer:
     def from_hf_dir(cls, path) -> "Tokenizer":
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
-            raise ModelLoadError(path, "no tokenizer.json (a tokenizer.model-only SentencePiece tokenizer is not supported)")
+            raise ModelLoadError(path, "no tokenizer.json (tokenizer.model-only SentencePiece is not supported)")
         try:
             backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:
@@ -81,15 +84,12 @@ class Tokenizer:
         settings = _read_json(path / "tokenizer_config.json")
         generation = _read_json(path / "generation_config.json")
         bos_id = _token_id(backend, settings.get("bos_token"), generation.get("bos_token_id"))
-        eos_ids = _as_list(generation.get("eos_token_id")) + _as_list(_token_id(backend, settings.get("eos_token"), None))
+        eos_ids = _as_list(generation.get("eos_token_id"))
+        eos_ids += _as_list(_token_id(backend, settings.get("eos_token"), None))
         add_bos = settings.get("add_bos_token")
         if not isinstance(add_bos, bool):
             add_bos = bos_id is not None and backend.encode("a").ids[:1] == [bos_id]
-        template = settings.get("chat_template")
-        if isinstance(template, list):
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        if template is None and (path / "chat_template.jinja").is_file():
-            template = (path / "chat_template.jinja").read_text()
+        template = _hf_chat_template(path, settings)
         return cls(backend, bos_id, list(dict.fromkeys(eos_ids)), add_bos, template, str(path))
 
     @classmethod
@@ -107,10 +107,10 @@ class Tokenizer:
             backend = _sentencepiece_bpe(tokens, metadata.get("tokenizer.ggml.scores"), types, metadata)
         else:
             raise ModelLoadError(source, f"GGUF tokenizer model {kind!r} is not supported (only gpt2 and llama)")
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                    for t, kind in zip(tokens, types) if kind == GGUF_CONTROL])
-        backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                            for t, kind in zip(tokens, types) if kind == GGUF_USER_DEFINED])
+        backend.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                    for token, token_type in zip(tokens, types) if token_type == GGUF_CONTROL])
+        backend.add_tokens([AddedToken(token, special=False, normalized=False)
+                            for token, token_type in zip(tokens, types) if token_type == GGUF_USER_DEFINED])
         eos_ids = [metadata.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
         return cls(backend=backend, bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
                    eos_token_ids=list(dict.fromkeys(i for i in eos_ids if i is not None)),
@@ -119,7 +119,9 @@ class Tokenizer:
 
 
 class IncrementalDetokenizer:
-    """Feeds token ids, returns the new text; never emits a partial UTF-8 character (holds back text ending in U+FFFD), handles byte-level BPE spaces correctly (decode a window of prior tokens and diff)."""
+    """Feeds token ids, returns the new text. Never emits a partial UTF-8 character (text ending in U+FFFD is
+    held back); keeps the spaces that byte-level BPE and SentencePiece put inside tokens (decodes a window of
+    prior tokens with the new ones and takes the difference)."""
 
     # Worked example (SentencePiece): "▁world" decodes alone to "world" but after "Hello" to " world", so the
     # new text is decode(window + new) minus decode(window), where the window is the last few tokens already shown.
@@ -183,13 +185,25 @@ def _sentencepiece_bpe(tokens: list[str], scores: list[float] | None, types: lis
                 ranked.append((-scores[vocab[piece]], vocab[left], vocab[right], left, right))
     merges = [(left, right) for *_, left, right in sorted(ranked)]
     unk_id = metadata.get("tokenizer.ggml.unknown_token_id", 0)
-    backend = tokenizers.Tokenizer(models.BPE(vocab, merges, unk_token=tokens[unk_id], byte_fallback=True, fuse_unk=True))
+    bpe = models.BPE(vocab, merges, unk_token=tokens[unk_id], byte_fallback=True, fuse_unk=True)
+    backend = tokenizers.Tokenizer(bpe)
     prefix = metadata.get("tokenizer.ggml.add_space_prefix", True)
     backend.pre_tokenizer = pre_tokenizers.Metaspace(SPIECE_SPACE, prepend_scheme="first" if prefix else "never",
                                                      split=False)
     steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return backend
+
+
+def _hf_chat_template(path: Path, settings: dict) -> str | None:
+    """tokenizer_config.json's chat_template (a string, or named templates of which we take "default"),
+    else a chat_template.jinja file."""
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text()
+    return template
 
 
 def _jinja_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
