@@ -1,0 +1,228 @@
+"""`specwise simulate`: the evaluation, on paper, for any GPU, model and drafter.
+
+Workloads and load points follow `evaluate` (same flags, the same requests per point,
+the same arrival times); the results directory has evaluate's format, so
+`specwise report DIR` renders it with the same plots and recommendation.
+"""
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specwise.calc.arms import OFF, parse_arm
+from specwise.calc.cli import add_profile_arg, console, table, target_cost
+from specwise.calc.deployment import Deployment, DeploymentConfig
+from specwise.calc.sim_records import write_results
+from specwise.calc.sim_workload import prompt_tokens
+from specwise.calc.simulator import ServerConfig, Simulator
+from specwise.cli_args import add_dataclass_args, dataclass_from_args
+from specwise.errors import ConfigError
+
+MIN_REQUESTS = 24          # evaluate's default requests per point: max(4 x concurrency, 24); 24 per rate point
+
+
+def _help(text: str, default=None):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class SimulateConfig:
+    arm: list[str] = field(default_factory=list, metadata={
+        "help": "a speculation arm, e.g. draft:k=4,alpha=0.8,drafter=llama-3.2-1b (see docs/calculators.md); "
+                "'off' is always simulated"})
+    workload: str = _help("suite, suite:CAT1,CAT2 or a JSONL workload file", "suite")
+    per_category: int | None = _help("suite prompts per category (default: all)")
+    trace: str | None = _help("replay a production trace: Azure CSV, Mooncake JSONL or BurstGPT CSV")
+    trace_format: str | None = _help("trace format: azure, mooncake or burstgpt (default: detected)")
+    time_scale: float = _help("trace replay speed: 2 replays twice as fast", 1.0)
+    concurrency: str | None = _help("closed-loop concurrency sweep, e.g. 1,4,16,64 (default without --trace)")
+    rate: str | None = _help("open-loop request rates, requests/s, e.g. 0.5,1,2")
+    burstiness: float = _help("arrival burstiness for --rate: 1 = Poisson, < 1 burstier", 1.0)
+    num_requests: int | None = _help("requests per load point (default as evaluate: max(4 x concurrency, 24))")
+    max_tokens: int | None = _help("cap every request's output length")
+    prompt_tokens: int | None = _help("give every request this prompt length, tokens")
+    output_tokens: int | None = _help("give every request exactly this output length, tokens")
+    skip_bad_rows: bool = _help("skip malformed workload/trace rows instead of stopping", False)
+    output: str | None = _help("results directory (default: specwise-results/sim-<timestamp>)")
+    seed: int = _help("seed for arrival times and acceptance draws", 0)
+
+    def __post_init__(self):
+        if self.trace is None and self.rate is None and self.concurrency is None:
+            self.concurrency = "1,4,16,64"
+        for name in ("time_scale", "burstiness", "num_requests", "max_tokens", "prompt_tokens", "output_tokens",
+                     "per_category"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+def register_simulate(subparsers) -> None:
+    parser = subparsers.add_parser("simulate", help="simulate a serving run with and without speculation",
+                                   description=__doc__.splitlines()[0])
+    for config in (DeploymentConfig, ServerConfig, SimulateConfig):
+        add_dataclass_args(parser, config)
+    add_profile_arg(parser)
+    parser.set_defaults(handler=run_simulate)
+
+
+def run_simulate(args, argv: list[str] | None = None) -> int:
+    deployment = Deployment.from_config(dataclass_from_args(DeploymentConfig, args))
+    server = dataclass_from_args(ServerConfig, args)
+    config = dataclass_from_args(SimulateConfig, args)
+    cost = target_cost(args, deployment)
+    arms = [OFF] + [parse_arm(text, cost, deployment) for text in config.arm if text.strip() != "off"]
+    if len({arm.name for arm in arms}) != len(arms):
+        raise ConfigError("two arms share a name; add name=... to one of them")
+    workload, info = load_workload(config)
+    loads = load_points(config)
+    started = time.perf_counter()
+    mean_length = sum(prompt_tokens(r)[0] + r.max_tokens for r in workload) / len(workload)
+    results = [_simulator(arm, cost, deployment, server, config.seed, mean_length).run(
+        requests_for(point, workload, config), arm, point, config.burstiness)
+        for point in loads for arm in arms]
+    elapsed = time.perf_counter() - started
+    out_dir = Path(config.output) if config.output else Path("specwise-results") / time.strftime("sim-%Y%m%d-%H%M%S")
+    run_info = {"model": deployment.model.name, "machine": f"simulated: {cost.description}",
+                "arms": [arm.describe() for arm in arms], "baseline": "off",
+                "loads": [dataclasses.asdict(point) for point in loads], "slo": {}, "workload": info,
+                "argv": list(argv if argv is not None else sys.argv[1:]),
+                "simulation": _simulation_info(results, server, elapsed, config)}
+    records = write_results(out_dir, results, run_info)
+    print_summary(records, run_info, out_dir, elapsed)
+    return 0
+
+
+def _simulator(arm, cost, deployment: Deployment, server: ServerConfig, seed: int, mean_length: float) -> Simulator:
+    """A drafter model's weights and KV share the memory: the draft arm holds fewer tokens."""
+    budget = arm.draft.kv_budget
+    fraction = 1.0 if budget is None else min(1.0, budget / mean_length)
+    plan = deployment.memory_plan(arm.drafter, fraction)
+    if server.kv_cache_tokens is None and not plan.fits:
+        raise ConfigError(f"arm {arm.name}: the weights need {plan.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU, "
+                          f"{plan.usable_bytes_per_gpu / 2**30:.1f} GiB are usable; raise --tp or use a smaller "
+                          f"--weight-dtype")
+    return Simulator(cost, server, server.kv_cache_tokens or plan.kv_capacity_tokens, seed=seed)
+
+
+def load_workload(config: SimulateConfig) -> tuple[list, dict]:
+    """The workload as evaluate reads it (suite, JSONL or trace), with the length overrides applied."""
+    from specwise.bench.rows import BadRows
+    from specwise.bench.suite import load_suite, parse_categories
+    from specwise.bench.traces import read_trace
+    from specwise.bench.workloads import read_workload
+
+    bad_rows = BadRows(skip=config.skip_bad_rows)
+    if config.trace:
+        workload = sorted(read_trace(config.trace, config.trace_format, bad_rows=bad_rows),
+                          key=lambda r: r.arrival_time)
+        source = f"trace {config.trace}"
+    elif config.workload == "suite" or config.workload.startswith("suite:"):
+        workload = load_suite(parse_categories(config.workload.partition(":")[2]), config.per_category)
+        source = config.workload
+    else:
+        workload, source = read_workload(config.workload, bad_rows=bad_rows), config.workload
+    for request in workload:
+        if config.prompt_tokens is not None:
+            request.prompt_tokens = config.prompt_tokens
+        if config.output_tokens is not None:
+            request.max_tokens = config.output_tokens
+        elif config.max_tokens is not None:
+            request.max_tokens = min(request.max_tokens, config.max_tokens)
+    estimated = sum(1 for request in workload if prompt_tokens(request)[1])
+    info = {"source": source, "requests": len(workload), "categories": sorted({r.category for r in workload}),
+            "skipped_rows": bad_rows.count, "empty_rows": bad_rows.empty,
+            "prompt_tokens_estimated": estimated}
+    return workload, info
+
+
+def load_points(config: SimulateConfig) -> list:
+    from specwise.bench.load import LoadPoint, parse_values
+
+    points = []
+    if config.trace:
+        points.append(LoadPoint("trace", config.time_scale))
+    if config.concurrency:
+        points += [LoadPoint("concurrency", c) for c in parse_values(config.concurrency, "--concurrency", True)]
+    if config.rate:
+        points += [LoadPoint("rate", r) for r in parse_values(config.rate, "--rate")]
+    return points
+
+
+def requests_for(point, workload: list, config: SimulateConfig) -> list:
+    from specwise.bench.load import take
+
+    if point.kind == "trace":
+        return workload[:config.num_requests] if config.num_requests else list(workload)
+    count = config.num_requests or (max(4 * int(point.value), MIN_REQUESTS) if point.kind == "concurrency"
+                                    else MIN_REQUESTS)
+    return take(workload, count)
+
+
+def _simulation_info(results, server: ServerConfig, elapsed: float, config: SimulateConfig) -> dict:
+    notes = ["every request generates exactly its max_tokens (EOS is not modelled)",
+             "server modelled as vLLM V0: prefill steps of whole prompts, then decode steps"]
+    return {"server": dataclasses.asdict(server), "seed": config.seed, "wall_seconds": round(elapsed, 3),
+            "notes": notes,
+            "runs": [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value,
+                      "kv_blocks": r.kv_blocks, "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions,
+                      "decode_steps": r.decode_steps, "prefill_steps": r.prefill_steps,
+                      "mean_requests_in_system": r.occupancy / r.duration if r.duration else 0.0}
+                     for r in results]}
+
+
+def print_summary(records, run_info: dict, out_dir: Path, elapsed: float) -> None:
+    """A compact table from the records' scalar fields (`specwise report` computes everything)."""
+    points = point_figures(records)
+    out = table(run_info["machine"], "arm", "load", "tok/s", "TTFT", "TPOT", "e2e p50", "accept", "TPOT x",
+                "tok/s x")
+    out.columns[0].no_wrap = True
+    for (arm, kind, value), figures in points.items():
+        base = points.get(("off", kind, value))
+        gains = (None, None) if base is None or arm == "off" else (
+            base["tpot"] / figures["tpot"] if figures["tpot"] else None,
+            figures["throughput"] / base["throughput"] if base["throughput"] else None)
+        out.add_row(arm, _load_label(kind, value), _num(figures["throughput"], "{:.0f}"),
+                    _num(figures["ttft"], "{:.0f}ms", 1e3), _num(figures["tpot"], "{:.1f}ms", 1e3),
+                    _num(figures["e2e_p50"], "{:.2f}s"), _num(figures["acceptance"], "{:.2f}"),
+                    _num(gains[0], "{:.2f}"), _num(gains[1], "{:.2f}"))
+    errors = sum(1 for record in records if record.error)
+    view = console()
+    view.print(out)
+    view.print("TTFT and TPOT are means; 'x' columns are gains against off (> 1: the arm is better); "
+               "acceptance = accepted / drafted.")
+    if errors:
+        view.print(f"{errors} request(s) could not be served (too long for the KV cache): see requests.jsonl")
+    view.print(f"simulated in {elapsed:.1f} s; results in {out_dir} (render: specwise report {out_dir})")
+
+
+def point_figures(records) -> dict:
+    """(arm, load kind, load value) -> throughput, mean TTFT and TPOT, median e2e, acceptance rate,
+    with evaluate's definitions (TPOT = (e2e - TTFT) / (output_tokens - 1), per request)."""
+    groups: dict[tuple, list] = {}
+    for record in records:
+        groups.setdefault((record.arm, record.load_kind, record.load_value), []).append(record)
+    points = {}
+    for key, group in groups.items():
+        done = [r for r in group if not r.error]
+        window = max(r.send_time + r.e2e for r in done) - min(r.send_time for r in done) if done else 0.0
+        tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+        drafted = sum(r.draft_tokens or 0 for r in done)
+        points[key] = {
+            "throughput": sum(r.output_tokens for r in done) / window if window else None,
+            "ttft": float(np.mean([r.ttft for r in done])) if done else None,
+            "tpot": float(np.mean(tpots)) if tpots else None,
+            "e2e_p50": float(np.median([r.e2e for r in done])) if done else None,
+            "acceptance": sum(r.accepted_tokens or 0 for r in done) / drafted if drafted else None}
+    return points
+
+
+def _load_label(kind: str, value: float) -> str:
+    return {"concurrency": f"c={value:g}", "rate": f"{value:g}/s"}.get(kind, f"trace x{value:g}")
+
+
+def _num(value, pattern: str, scale: float = 1.0) -> str:
+    return "-" if value is None else pattern.format(value * scale)

@@ -1,0 +1,102 @@
+"""`specwise calc ...` and `specwise simulate` from the command line."""
+
+import argparse
+import json
+
+import pytest
+
+from specwise.bench.results import read_records, read_run_info
+from specwise.calc.cli import register
+from specwise.errors import ConfigError, InputError
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="specwise")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+def test_speedup(capsys):
+    assert run(["calc", "speedup", "--alpha", "0.8", "--draft-cost", "0.05", "--k", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "best k = 8 (3.09x)" in out and "at k = 4: 2.80x" in out and "below alpha = 0.050" in out
+
+
+def test_speedup_from_positions(capsys):
+    assert run(["calc", "speedup", "--positions", "0.9,0.8,0.6", "--draft-cost", "0.1"]) == 0
+    assert "best k = 3" in capsys.readouterr().out
+
+
+def test_latency(capsys):
+    assert run(["calc", "latency", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "4",
+                "--prompt-tokens", "1000", "--output-tokens", "200", "--batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "memory-bound" in out and "fits" in out
+
+
+def test_latency_that_does_not_fit(capsys):
+    assert run(["calc", "latency", "--model", "llama-3.1-70b", "--gpu", "l4"]) == 0
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_latency_with_a_measured_profile(tmp_path, capsys):
+    profile = {"format": "specwise-step-profile", "version": 1, "machine": "lab box", "model": "toy",
+               "batch_sizes": [1], "tokens_per_seq": [1, 1024], "context_lens": [0, 4096],
+               "seconds": [[[0.010, 0.012], [0.100, 0.110]]]}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    assert run(["calc", "latency", "--profile", str(path), "--prompt-tokens", "1024"]) == 0
+    assert "measured profile: toy on lab box" in capsys.readouterr().out
+
+
+def test_throughput(capsys):
+    assert run(["calc", "throughput", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--prompt-tokens", "200",
+                "--output-tokens", "200", "--k", "4", "--alpha", "0.8", "--drafter", "llama-3.2-1b"]) == 0
+    out = capsys.readouterr().out
+    assert "speculation pays from batch size 1, stops paying from" in out and "KV cache holds" in out
+
+
+def test_catalog(capsys):
+    assert run(["calc", "catalog"]) == 0
+    out = capsys.readouterr().out
+    assert "mi300x" in out and "smollm2-135m" in out
+
+
+def test_user_errors_are_config_errors():
+    with pytest.raises(ConfigError):
+        run(["calc", "latency", "--gpu", "h900"])
+    with pytest.raises(ConfigError):
+        run(["calc", "throughput", "--alpha", "0.7"])
+    with pytest.raises(ConfigError):
+        run(["simulate", "--arm", "draft:k=4"])
+    with pytest.raises(InputError):
+        run(["simulate", "--trace", "/nonexistent/trace.csv"])
+
+
+def test_simulate_writes_evaluate_results(tmp_path, capsys):
+    out_dir = tmp_path / "sim"
+    assert run(["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", "suite:chat,code_editing",
+                "--per-category", "2", "--max-tokens", "32", "--concurrency", "1,4",
+                "--arm", "ngram:k=3,alpha=0.6", "--arm", "draft:policy=1-4/4-1,alpha=0.7,drafter=llama-3.2-1b",
+                "--output", str(out_dir)]) == 0
+    info = read_run_info(out_dir)
+    assert info["tool"] == "simulate" and info["baseline"] == "off"
+    assert [arm["name"] for arm in info["arms"]] == ["off", "ngram-k3", "draft-adaptive"]
+    assert info["loads"] == [{"kind": "concurrency", "value": 1}, {"kind": "concurrency", "value": 4}]
+    records = read_records(out_dir)
+    assert len(records) == 3 * (24 + 24)                      # evaluate's default: max(4 x c, 24) requests
+    assert {r.category for r in records} == {"chat", "code_editing"}
+    assert "ngram-k3" in capsys.readouterr().out
+
+
+def test_simulate_trace_with_length_overrides(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.00,100,5\n"
+                     "2023-11-16 18:15:47.50,200,7\n")
+    out_dir = tmp_path / "sim"
+    assert run(["simulate", "--trace", str(trace), "--time-scale", "0.5", "--output-tokens", "9",
+                "--arm", "ngram:k=2,alpha=0.5", "--output", str(out_dir)]) == 0
+    records = read_records(out_dir)
+    assert sorted(r.send_time for r in records if r.arm == "off") == pytest.approx([0.0, 3.0])
+    assert {r.output_tokens for r in records} == {9} and {r.load_kind for r in records} == {"trace"}
