@@ -8,6 +8,9 @@ from specwise.errors import SpecwiseError
 
 ROOMS = [
     "specwise.engine.cli",
+    "specwise.server.cli",
+    "specwise.bench.cli",
+    "specwise.calc.cli",
 ]
 
 

@@ -1,7 +1,34 @@
 """Shared test set-up."""
 
+import pytest
 import torch
+
+from tiny_models import tiny_checkpoint
 
 # Tiny models gain nothing from intra-op threads, and OpenMP spin-waiting makes them
 # 10-25x slower whenever the cores are shared with anything else.
 torch.set_num_threads(1)
+
+# A KV cache big enough that the shared tiny engine never preempts.
+TINY_ENGINE = dict(num_kv_blocks=512, block_size=4, max_model_len=96, max_num_batched_tokens=1024)
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    from specwise.engine.llm import LLM
+    return LLM(checkpoint=tiny_checkpoint(), **TINY_ENGINE)
+
+
+@pytest.fixture
+def llm(tiny_llm):
+    """The shared tiny engine, checked afterwards: nothing in flight, every KV block free."""
+    yield tiny_llm
+    engine = tiny_llm.engine
+    left_over = list(engine.requests)
+    for request_id in left_over:            # clean up first, so one failure does not cascade
+        engine.abort(request_id)
+    while engine.has_unfinished():
+        engine.step()
+    assert not left_over, f"a test left requests in the shared engine: {left_over}"
+    engine.block_manager.check_invariants()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

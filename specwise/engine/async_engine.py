@@ -6,6 +6,7 @@ cancelled) aborts its request, which frees its KV blocks at once.
 """
 
 import asyncio
+import collections
 import threading
 import uuid
 from typing import AsyncIterator
@@ -22,6 +23,7 @@ class AsyncEngine:
         self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.work = threading.Event()
         self.stopping = False
+        self.to_abort: collections.deque[str] = collections.deque()
         self.thread = threading.Thread(target=self._run, name="specwise-engine", daemon=True)
         self.thread.start()
 
@@ -31,10 +33,11 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[request_id] = (asyncio.get_running_loop(), queue)
         try:
-            with self.lock:
-                self.engine.add_request(prompt, params, request_id)
-        except Exception:
+            # in a worker thread: waiting for the lock (up to one step) must not stall the event loop
+            await asyncio.to_thread(self._add, prompt, params, request_id)
+        except BaseException:              # refused, or cancelled while the add may still land
             self.queues.pop(request_id, None)
+            self.abort(request_id)
             raise
         self.work.set()
         finished = False
@@ -50,9 +53,15 @@ class AsyncEngine:
             if not finished:
                 self.abort(request_id)
 
-    def abort(self, request_id: str) -> None:
+    def _add(self, prompt: Prompt, params: SamplingParams, request_id: str) -> None:
         with self.lock:
-            self.engine.abort(request_id)
+            if self.stopping:
+                raise RuntimeError("the engine is shut down")
+            self.engine.add_request(prompt, params, request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Never blocks: the step thread aborts it before its next step."""
+        self.to_abort.append(request_id)
         self.work.set()
 
     @property
@@ -62,6 +71,8 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self.stopping:
             with self.lock:
+                while self.to_abort:
+                    self.engine.abort(self.to_abort.popleft())
                 busy = self.engine.has_unfinished()
                 outputs = self._step() if busy else []
             for output in outputs:
@@ -93,8 +104,10 @@ class AsyncEngine:
     def shutdown(self) -> None:
         """Abort whatever is in flight and stop the step thread."""
         with self.lock:
+            self.stopping = True
             for request_id in list(self.engine.requests):
                 self.engine.abort(request_id)
-        self.stopping = True
+            for output in self.engine.step():   # the "abort" outputs end the streams still listening
+                self._deliver(output.request_id, output)
         self.work.set()
         self.thread.join(timeout=10)

@@ -44,7 +44,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device)
-        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        # a sequence that fills the whole KV cache ends with "length" (it could never be scheduled again)
+        self.outputs = OutputProcessor(self.tokenizer, min(self.max_model_len, num_blocks * config.block_size))
         self.scheduler.release_hooks += [self.runner.release, self._on_release]
         self.requests: dict[str, Sequence] = {}
         self.aborted: list[RequestOutput] = []
@@ -58,6 +59,7 @@ class LLMEngine:
         if self.scheduler.has_unfinished():
             raise RuntimeError("change speculation only while no request is in flight")
         self.proposer = build_proposer(speculative, num_speculative_tokens, self)
+        self.config.speculative, self.config.num_speculative_tokens = speculative, num_speculative_tokens
         self.num_speculative_tokens = num_speculative_tokens if self.proposer else 0
         self.policy = build_policy(self)
         self.step_k = self.num_speculative_tokens     # the policy's choice for the current step
@@ -77,6 +79,8 @@ class LLMEngine:
         return request_id
 
     def encode(self, prompt: Prompt) -> list[int]:
+        if not prompt:
+            raise InputError("the prompt is empty")
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         if prompt and all(isinstance(item, dict) for item in prompt):

@@ -44,10 +44,10 @@ class OutputProcessor:
         for token_id in emitted:
             seq.token_ids.append(token_id)
             appended.append(token_id)
-            reason = self._token_stop(seq, token_id)
+            # token by token, as plain decoding: a stop string ends the output at the token completing it
+            reason = self._detokenize(seq, [token_id], self._token_stop(seq, token_id))
             if reason:
                 break
-        reason = self._detokenize(seq, appended, reason)
         return StepResult(appended, self._release_text(seq, finished=reason is not None), reason)
 
     def _token_stop(self, seq: Sequence, token_id: int) -> str | None:

@@ -3,8 +3,9 @@
 Each step is either a prefill of newly admitted (or preempted) sequences or a decode /
 verification step of every running sequence. Requests join between steps when blocks
 and `max_num_seqs` allow, and leave as soon as they finish. When the KV cache runs
-out, a sequence first gives up its speculative lookahead; if that is not enough, the
-newest running sequence is preempted (blocks freed, recomputed later from its tokens).
+out, speculative lookahead is given up first (it is reserved only after every running
+sequence has its next slot); if that is not enough, the newest running sequence is
+preempted (blocks freed, recomputed later from its tokens).
 """
 
 from collections import deque
@@ -60,32 +61,31 @@ class Scheduler:
         return scheduled
 
     def _schedule_decode(self, draft_budget) -> ScheduledBatch | None:
-        scheduled, drafts = [], []
-        queue = list(self.running)
+        """First every running sequence's next slot (preempting the newest if needed), then
+        lookahead for drafts from what is left, so speculation never costs a preemption."""
+        scheduled, queue = [], list(self.running)
         while queue:
             seq = queue.pop(0)
-            num_draft = self._reserve(seq, draft_budget(seq), queue)
-            if num_draft is not None:
+            if self._reserve_next_slot(seq, queue):
                 scheduled.append(seq)
-                drafts.append(num_draft)
         if not scheduled:
             return None
+        drafts = [self._reserve_lookahead(seq, draft_budget(seq)) for seq in scheduled]
         return ScheduledBatch(scheduled, is_prefill=False, num_draft_tokens=drafts)
 
-    def _reserve(self, seq: Sequence, num_draft: int, queue: list[Sequence]) -> int | None:
-        """Slots for len(seq) + drafts: shed the lookahead first, then preempt the newest.
-
-        Returns the number of draft slots reserved, or None if seq itself was preempted.
-        """
-        if num_draft and self.block_manager.can_allocate(seq, len(seq) + num_draft):
-            self.block_manager.allocate(seq, len(seq) + num_draft)
-            return num_draft
+    def _reserve_next_slot(self, seq: Sequence, queue: list[Sequence]) -> bool:
         while not self.block_manager.can_allocate(seq, len(seq)):
             if not queue:
                 self.preempt(seq)
-                return None
+                return False
             self.preempt(queue.pop())
         self.block_manager.allocate(seq, len(seq))
+        return True
+
+    def _reserve_lookahead(self, seq: Sequence, num_draft: int) -> int:
+        if num_draft and self.block_manager.can_allocate(seq, len(seq) + num_draft):
+            self.block_manager.allocate(seq, len(seq) + num_draft)
+            return num_draft
         return 0
 
     def preempt(self, seq: Sequence) -> None:
@@ -102,9 +102,9 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self._release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        self._release(seq)      # after the status: release hooks drop per-request state of finished sequences
 
     def _release(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

@@ -1,0 +1,142 @@
+"""The OpenAI-compatible HTTP API over an AsyncEngine: `create_app(async_engine, config)`.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (all behind the
+optional API key), GET /health, GET /metrics. The app owns the engine's step thread:
+leaving its lifespan shuts the AsyncEngine down (uvicorn first lets in-flight requests
+finish for `shutdown_timeout` seconds, then cancels them, which aborts them).
+"""
+
+import asyncio
+import contextlib
+import hmac
+import os
+import time
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
+
+from specwise.engine.async_engine import AsyncEngine
+from specwise.models.default_model import FILENAME as DEFAULT_MODEL_FILE
+from specwise.server.config import ServerConfig
+from specwise.server.errors import APIError, install_error_handlers
+from specwise.server.generation import Serving
+from specwise.server.metrics import StatusCounter
+from specwise.server.protocol import COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
+from specwise.server.responses import ChatResponder, CompletionResponder
+from specwise.server.streaming import ClientDisconnected, answer
+
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
+def create_app(async_engine: AsyncEngine, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+    serving = Serving(async_engine, config)
+    model = config.served_model_name or model_name(async_engine.engine.config.model)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(async_engine.shutdown)
+
+    app = FastAPI(title="specwise", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serving = serving
+    app.state.model = model
+    install_error_handlers(app)
+    app.add_middleware(StatusCounter, counter=serving.metrics.requests, routes=GENERATION_ROUTES)
+    app.include_router(api_routes(serving, config, model, api_key(config)))
+    app.include_router(service_routes(serving))
+    return app
+
+
+def api_routes(serving: Serving, config: ServerConfig, model: str, key: str | None) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(key_check(key))])
+    started = int(time.time())
+
+    @router.get("/v1/models")
+    async def models():
+        card = {"id": model, "object": "model", "created": started, "owned_by": "specwise",
+                "max_model_len": serving.engine.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        body = CompletionRequest.model_validate_json(await read_body(request, config.max_body_bytes))
+        check(body, model)
+        job = serving.start(body.single_prompt(), body, "prompt", COMPLETION_DEFAULT_MAX_TOKENS)
+        return await answer(request, job, CompletionResponder(model, job.speculative, body.include_usage),
+                            bool(body.stream))
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = ChatCompletionRequest.model_validate_json(await read_body(request, config.max_body_bytes))
+        check(body, model)
+        job = serving.start(body.template_messages(), body, "messages", None)
+        return await answer(request, job, ChatResponder(model, job.speculative, body.include_usage),
+                            bool(body.stream))
+
+    return router
+
+
+def service_routes(serving: Serving) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health():
+        if not serving.async_engine.thread.is_alive():
+            raise APIError(503, "the engine thread has stopped", code="engine_stopped")
+        return {"status": "ok"}
+
+    @router.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(serving.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def check(body, model: str) -> None:
+    body.check_supported()
+    if body.model is not None and body.model != model:
+        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model!r}",
+                       "model", "model_not_found")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body ({declared} bytes) exceeds the limit of {limit} bytes",
+                       code="body_too_large")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientDisconnected() from None
+    return b"".join(chunks)
+
+
+def key_check(key: str | None):
+    async def require_key(request: Request) -> None:
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+    return require_key
+
+
+def api_key(config: ServerConfig) -> str | None:
+    return config.api_key or os.environ.get("SPECWISE_API_KEY") or None
+
+
+def model_name(model_path: str | None) -> str:
+    """The id clients send: the checkpoint's directory or file name (without .gguf)."""
+    if model_path is None:
+        return DEFAULT_MODEL_FILE.split(".")[0]
+    return Path(model_path).expanduser().resolve().name.removesuffix(".gguf")

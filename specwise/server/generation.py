@@ -1,0 +1,109 @@
+"""One request's life on the server: prompt checks, bounded admission, the engine run, cleanup.
+
+`Serving.start` tokenizes, checks the prompt and max_tokens against the context window
+and the KV cache, and admits the request unless `max_num_seqs + max_queue` are already
+held (429). The returned Job must be closed exactly once (`close` is idempotent): closing
+an unfinished job aborts it in the engine, which frees its KV blocks.
+"""
+
+import uuid
+
+import jinja2
+
+from specwise.engine.async_engine import AsyncEngine
+from specwise.engine.llm_engine import Prompt
+from specwise.engine.outputs import RequestOutput
+from specwise.errors import SpecwiseError
+from specwise.sampling_params import SamplingParams
+from specwise.server.config import ServerConfig
+from specwise.server.errors import APIError
+from specwise.server.metrics import ServerMetrics
+from specwise.server.protocol import GenerationRequest
+
+
+class Serving:
+    def __init__(self, async_engine: AsyncEngine, config: ServerConfig):
+        self.async_engine = async_engine
+        self.engine = async_engine.engine
+        self.capacity = self.engine.config.max_num_seqs + config.max_queue
+        self.admitted = 0
+        self.metrics = ServerMetrics(self.engine, lambda: self.admitted)
+
+    def start(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None) -> "Job":
+        token_ids = self.encode(prompt, param)
+        max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
+        params = request.sampling_params(max_tokens)
+        if self.admitted >= self.capacity:
+            raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry later",
+                           code="queue_full")
+        return Job(self, token_ids, params)
+
+    def encode(self, prompt: Prompt, param: str) -> list[int]:
+        try:
+            return self.engine.encode(prompt)
+        except (SpecwiseError, jinja2.TemplateError) as error:
+            raise APIError(400, str(error), param, "invalid_value") from None
+
+    def max_tokens(self, prompt_len: int, requested: int | None, field: str, default: int | None,
+                   param: str) -> int:
+        """max_tokens as given, or the default capped to what fits; 400 when nothing or too little fits."""
+        window = self.engine.max_model_len
+        cache = self.engine.block_manager.num_blocks * self.engine.block_manager.block_size
+        room = min(window, cache) - prompt_len
+        if room < 1:
+            raise APIError(400, f"the prompt has {prompt_len} tokens; the context window is {window} tokens and "
+                                f"the KV cache holds {cache} (prompt + at least one output token)",
+                           param, "context_length_exceeded")
+        if requested is None:
+            return room if default is None else min(default, room)
+        if requested < 1:
+            raise APIError(400, f"{field} must be at least 1, got {requested}", field, "invalid_value")
+        if requested > room:
+            raise APIError(400, f"{field} ({requested}) + prompt ({prompt_len} tokens) exceeds the context "
+                                f"window ({window} tokens) or the KV cache ({cache} tokens)",
+                           field, "context_length_exceeded")
+        return requested
+
+
+class Job:
+    def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams):
+        self.serving = serving
+        self.request_id = uuid.uuid4().hex
+        self.speculative = serving.engine.proposer is not None and params.speculative
+        self.tracker = serving.metrics.track(len(token_ids))
+        self.outputs = serving.async_engine.generate(token_ids, params, self.request_id)
+        self.refused = False
+        self.closed = False
+        serving.admitted += 1
+
+    async def next(self) -> RequestOutput:
+        """The next output (call until one is finished); APIError when the engine refuses or fails it."""
+        try:
+            output = await anext(self.outputs)
+        except SpecwiseError as error:
+            self.refused = True
+            raise APIError(400, str(error), code="invalid_value") from None
+        except RuntimeError as error:
+            self.tracker.finish("error")
+            raise APIError(500, str(error), code="engine_error") from None
+        self.tracker.observe(output)
+        if output.finished:
+            self.tracker.finish(output.finish_reason)
+            if output.finish_reason == "abort":
+                raise APIError(503, "the request was aborted by the server", code="aborted")
+        return output
+
+    async def collect(self) -> RequestOutput:
+        output = await self.next()
+        while not output.finished:
+            output = await self.next()
+        return output
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.serving.admitted -= 1
+        if not self.refused:
+            self.tracker.finish("abort")
+        await self.outputs.aclose()
