@@ -29,8 +29,8 @@ def register_generate(subparsers) -> None:
 
 def run_generate(args) -> int:
     from specwise.engine.llm_engine import LLMEngine
+    params = dataclass_from_args(SamplingParams, args)          # bad flags fail before the model loads
     engine = LLMEngine(dataclass_from_args(EngineConfig, args))
-    params = dataclass_from_args(SamplingParams, args)
     prompt = args.prompt
     if args.chat is not None:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \

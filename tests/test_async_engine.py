@@ -1,0 +1,153 @@
+"""AsyncEngine: concurrent asyncio streams, cancellation aborts, failures and shutdown."""
+
+import asyncio
+
+import pytest
+
+from conftest import TINY_ENGINE
+from specwise.engine.async_engine import AsyncEngine
+from specwise.engine.llm import LLM
+from specwise.errors import InputError
+from specwise.sampling_params import SamplingParams
+from tiny_models import tiny_checkpoint
+
+# generous bound on waiting for the engine thread; only ever reached when something hangs
+PATIENCE_S = 10
+
+
+@pytest.fixture
+def async_engine():
+    engine = AsyncEngine(LLM(checkpoint=tiny_checkpoint(), **TINY_ENGINE).engine)
+    yield engine
+    engine.shutdown()
+
+
+def long_request() -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+
+
+async def collect(async_engine: AsyncEngine, prompt, params) -> list:
+    return [output async for output in async_engine.generate(prompt, params)]
+
+
+async def settled(async_engine: AsyncEngine) -> None:
+    """Wait until no request is in flight and the engine has nothing left to step."""
+    for _ in range(PATIENCE_S * 100):
+        with async_engine.lock:
+            idle = not async_engine.engine.has_unfinished() and not async_engine.num_in_flight
+        if idle:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the engine never settled")
+
+
+def assert_all_blocks_free(async_engine: AsyncEngine) -> None:
+    with async_engine.lock:
+        manager = async_engine.engine.block_manager
+        manager.check_invariants()
+        assert manager.num_free_blocks == manager.num_blocks
+        assert async_engine.engine.requests == {}
+
+
+def test_concurrent_streams_equal_llm_generate(llm, async_engine):
+    prompts = ["Hello, world", "abc", "The quick brown fox jumps", "x", "0123456789", "def f(x): return x"]
+    params = [SamplingParams(temperature=0, max_tokens=6 + 3 * i) if i % 2 else
+              SamplingParams(temperature=1.5, max_tokens=12, seed=100 + i) for i in range(len(prompts))]
+    expected = llm.generate(prompts, params)
+
+    async def main():
+        return await asyncio.gather(*(collect(async_engine, p, sp) for p, sp in zip(prompts, params)))
+
+    streams = asyncio.run(main())
+    for stream, reference in zip(streams, expected):
+        final = stream[-1]
+        assert final.finished and not any(o.finished for o in stream[:-1])
+        assert final.output_token_ids == reference.output_token_ids
+        assert final.text == reference.text and final.finish_reason == reference.finish_reason
+        assert sum((o.new_token_ids for o in stream), []) == final.output_token_ids
+        assert "".join(o.new_text for o in stream) == final.text
+    assert_all_blocks_free(async_engine)
+
+
+def test_breaking_out_of_the_stream_aborts_the_request(async_engine):
+    async def main():
+        other = asyncio.create_task(collect(async_engine, "abc", SamplingParams(temperature=0, max_tokens=30)))
+        received = 0
+        async for _ in async_engine.generate("Hello, world", long_request()):
+            received += 1
+            if received == 2:
+                break
+        await settled(async_engine)
+        return received, await other
+
+    received, other = asyncio.run(main())
+    assert received == 2
+    assert other[-1].finish_reason == "length" and len(other[-1].output_token_ids) == 30
+    assert_all_blocks_free(async_engine)
+
+
+def test_cancelling_the_consumer_task_aborts_the_request(async_engine):
+    async def main():
+        first_output = asyncio.Event()
+
+        async def consume():
+            async for _ in async_engine.generate("Hello, world", long_request()):
+                first_output.set()
+
+        task = asyncio.create_task(consume())
+        await first_output.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await settled(async_engine)
+
+    asyncio.run(main())
+    assert_all_blocks_free(async_engine)
+
+
+def test_a_bad_request_raises_in_the_caller(async_engine):
+    with pytest.raises(InputError, match="empty"):
+        asyncio.run(collect(async_engine, "", SamplingParams()))
+    assert async_engine.num_in_flight == 0
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_carries_on(async_engine, monkeypatch):
+    runner = async_engine.engine.runner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "execute", broken)
+        with pytest.raises(RuntimeError, match="engine step failed: boom"):
+            asyncio.run(collect(async_engine, "abc", SamplingParams(temperature=0, max_tokens=5)))
+    assert_all_blocks_free(async_engine)
+    stream = asyncio.run(collect(async_engine, "abc", SamplingParams(temperature=0, max_tokens=5)))
+    assert stream[-1].finish_reason == "length"
+
+
+def test_shutdown_ends_streams_in_flight_and_stops_the_thread(async_engine):
+    async def main():
+        stream = async_engine.generate("Hello, world", long_request())
+        first = await anext(stream)
+        async_engine.shutdown()
+        rest = await asyncio.wait_for(collect_rest(stream), timeout=PATIENCE_S)
+        return [first] + rest
+
+    async def collect_rest(stream):
+        return [output async for output in stream]
+
+    outputs = asyncio.run(main())
+    assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
+    assert not async_engine.thread.is_alive()
+    assert_all_blocks_free(async_engine)
+
+
+def test_requests_after_shutdown_are_refused(async_engine):
+    async_engine.shutdown()
+
+    async def main():
+        await asyncio.wait_for(collect(async_engine, "abc", SamplingParams(max_tokens=3)), timeout=PATIENCE_S)
+
+    with pytest.raises(RuntimeError, match="shut down"):
+        asyncio.run(main())
