@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 evaluate: setup
-	$(BIN)/specwise generate --prompt "Write a Python function that reverses a string." --temperature 0
+	$(BIN)/specwise evaluate --quick
 
 test: setup
 	$(BIN)/python -m pytest

@@ -24,6 +24,7 @@ class AsyncEngine:
         self.work = threading.Event()
         self.stopping = False
         self.to_abort: collections.deque[str] = collections.deque()
+        self.abandoned: set[str] = set()
         self.thread = threading.Thread(target=self._run, name="specwise-engine", daemon=True)
         self.thread.start()
 
@@ -35,9 +36,13 @@ class AsyncEngine:
         try:
             # in a worker thread: waiting for the lock (up to one step) must not stall the event loop
             await asyncio.to_thread(self._add, prompt, params, request_id)
-        except BaseException:              # refused, or cancelled while the add may still land
+        except asyncio.CancelledError:     # the add may still land, or already has
             self.queues.pop(request_id, None)
+            self.abandoned.add(request_id)
             self.abort(request_id)
+            raise
+        except Exception:                  # refused: nothing was added
+            self.queues.pop(request_id, None)
             raise
         self.work.set()
         finished = False
@@ -57,6 +62,9 @@ class AsyncEngine:
         with self.lock:
             if self.stopping:
                 raise RuntimeError("the engine is shut down")
+            if request_id in self.abandoned:        # the caller was cancelled before the add ran
+                self.abandoned.discard(request_id)
+                return
             self.engine.add_request(prompt, params, request_id)
 
     def abort(self, request_id: str) -> None:
@@ -72,7 +80,10 @@ class AsyncEngine:
         while not self.stopping:
             with self.lock:
                 while self.to_abort:
-                    self.engine.abort(self.to_abort.popleft())
+                    request_id = self.to_abort.popleft()
+                    if request_id in self.engine.requests:   # it was added: abort it, it needs no skip
+                        self.abandoned.discard(request_id)
+                    self.engine.abort(request_id)
                 busy = self.engine.has_unfinished()
                 outputs = self._step() if busy else []
             for output in outputs:

@@ -40,7 +40,7 @@ class ModelDrafter:
         active = [row for row, k in enumerate(num_draft_tokens) if k > 0]
         draft_ids = [[] for _ in seqs]
         draft_probs = [[] for _ in seqs]
-        inputs = {row: seqs[row].token_ids[computed[row]:] for row in active}
+        inputs = {row: self._known_ids(seqs[row].token_ids[computed[row]:]) for row in active}
         starts = {row: computed[row] for row in active}
         while active:
             probs = self._next_probs(seqs, active, inputs, starts)                # {row: [vocab]}
@@ -68,6 +68,12 @@ class ModelDrafter:
             group_probs = self.runner.probs(logits, [seqs[row] for row in group])[:, 0]   # [len(group), vocab]
             probs.update(zip(group, group_probs))
         return probs
+
+    def _known_ids(self, token_ids: list[int]) -> list[int]:
+        """A padded target may emit ids past the drafter's embeddings: feed 0 instead (only
+        the drafts get worse; the verifier keeps the output exact)."""
+        limit = self.runner.model.config.vocab_size
+        return [token_id if token_id < limit else 0 for token_id in token_ids]
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_size is None or logits.shape[-1] == self.vocab_size:

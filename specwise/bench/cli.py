@@ -1,0 +1,63 @@
+"""`specwise evaluate` and `specwise report`."""
+
+import argparse
+import sys
+
+from specwise.bench.config import EvaluateConfig
+from specwise.bench.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFAULT_THROUGHPUT_FLOOR
+from specwise.bench.summary import LATENCY_KEYS
+from specwise.cli_args import add_dataclass_args, dataclass_from_args
+from specwise.config import EngineConfig
+
+ENGINE_EXCLUDE = ("speculative", "seed")     # arms come from --methods; --seed is shared
+
+
+def register(subparsers) -> None:
+    evaluate = subparsers.add_parser(
+        "evaluate", help="measure every arm side by side and say where speculation pays",
+        description="Run the workload against each arm (no speculation and each drafting method, "
+                    "in-process or on OpenAI-compatible endpoints) at each load point; write "
+                    "requests.jsonl, summary.json, summary.md and report.html.")
+    add_dataclass_args(evaluate, EvaluateConfig)
+    engine = evaluate.add_argument_group("in-process engine (ignored with --endpoint)")
+    add_dataclass_args(engine, EngineConfig, exclude=ENGINE_EXCLUDE)
+    evaluate.set_defaults(handler=run_evaluate)
+
+    report = subparsers.add_parser(
+        "report", help="re-render the report of a results directory",
+        description="Render summary.json, summary.md and report.html from RESULTS "
+                    "(written by `specwise evaluate` or `specwise simulate`).")
+    report.add_argument("results", help="results directory")
+    report.add_argument("--pay-metric", choices=LATENCY_KEYS, default=None,
+                        help=f"latency metric deciding where speculation pays (default: the run's, else {DEFAULT_METRIC})")
+    report.add_argument("--margin", type=float, default=None,
+                        help=f"latency gain needed to pay (default: the run's, else {DEFAULT_MARGIN})")
+    report.add_argument("--throughput-floor", type=float, default=None,
+                        help=f"throughput kept vs no speculation (default: the run's, else {DEFAULT_THROUGHPUT_FLOOR})")
+    report.set_defaults(handler=run_report)
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from specwise.bench.evaluate import evaluate
+    config = dataclass_from_args(EvaluateConfig, args)
+    engine_config = None if config.endpoint else dataclass_from_args(EngineConfig, args, seed=config.seed)
+    outcome = evaluate(config, engine_config, argv=sys.argv[1:])
+    if outcome.interrupted:
+        kept = "report rendered from them" if outcome.report else "nothing finished yet"
+        print(f"interrupted: finished requests kept in {outcome.results_dir} ({kept}); "
+              f"`specwise report {outcome.results_dir}` re-renders it", file=sys.stderr)
+        return 130
+    _print_report(outcome.report)
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from specwise.bench.report import render_report
+    _print_report(render_report(args.results, args.pay_metric, args.margin, args.throughput_floor))
+    return 0
+
+
+def _print_report(files) -> None:
+    for line in files.recommendation_lines:
+        print(line)
+    print(f"report: {files.report_html}\nsummary: {files.summary_md}, {files.summary_json}")

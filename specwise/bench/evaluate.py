@@ -1,0 +1,165 @@
+"""`specwise evaluate`: build the arms and the plan, run them, render the report.
+
+An interrupted run (Ctrl-C) keeps every finished request; run.json is marked
+interrupted and the report is rendered from what finished.
+"""
+
+import asyncio
+import dataclasses
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specwise.bench.arms import ArmSpec, parse_endpoints, parse_methods
+from specwise.bench.config import EvaluateConfig
+from specwise.bench.plan import Plan, build_plan
+from specwise.bench.progress import make_view
+from specwise.bench.report import ReportFiles, render_report
+from specwise.bench.results import read_records, write_run_info
+from specwise.bench.runner import Runner
+from specwise.bench.slo import parse_slo
+from specwise.bench.synth import synthesize_prompts
+from specwise.bench.targets.http import HttpTarget
+from specwise.bench.tokenizer import LocalTokenizer
+from specwise.config import EngineConfig
+from specwise.errors import ConfigError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (embedded default)"
+
+
+@dataclass
+class Outcome:
+    results_dir: Path
+    report: ReportFiles | None      # None when interrupted before anything finished
+    interrupted: bool = False
+
+
+@dataclass
+class Arms:
+    specs: list[ArmSpec]
+    targets: list
+    tokenizer: object | None
+    max_model_len: int | None
+    model: str
+    shutdown: object = None         # called when the run ends (the engine's step thread)
+
+
+def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
+             argv: list[str] | None = None, checkpoint=None) -> Outcome:
+    """`checkpoint`: an already loaded model for the in-process arms (tests, notebooks)."""
+    engine_config = engine_config or EngineConfig()
+    plan = build_plan(config)
+    specs = _arm_specs(config, engine_config)
+    baseline = _baseline(config, specs)
+    results_dir = _results_dir(config.output)
+    arms = _arms(config, engine_config, specs, checkpoint)
+    if config.trace:
+        plan.workload = synthesize_prompts(plan.workload, config.trace_category, arms.tokenizer, arms.max_model_len)
+        plan.info["clipped"] = sum(1 for r in plan.workload if r.extra.get("clipped"))
+    info = _run_info(config, engine_config, plan, arms, baseline, argv)
+    view = make_view(config.progress)
+    runner = Runner(plan, arms.targets, results_dir, info, view, config.warmup, config.request_timeout,
+                    parse_slo(config.slo), tokenizer=arms.tokenizer)
+    try:
+        asyncio.run(runner.run())
+    except KeyboardInterrupt:
+        info["interrupted"] = True
+        write_run_info(results_dir, info)
+        return Outcome(results_dir, _report_what_finished(results_dir), interrupted=True)
+    finally:
+        view.close()
+        if arms.shutdown is not None:
+            arms.shutdown()
+    info["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    write_run_info(results_dir, info)
+    return Outcome(results_dir, render_report(results_dir))
+
+
+def _arm_specs(config: EvaluateConfig, engine_config: EngineConfig) -> list[ArmSpec]:
+    if config.endpoint:
+        return parse_endpoints(config.endpoint)
+    return parse_methods(config.methods, engine_config.num_speculative_tokens)
+
+
+def _arms(config: EvaluateConfig, engine_config: EngineConfig, specs: list[ArmSpec], checkpoint) -> Arms:
+    """The targets; for in-process arms this loads the model (once)."""
+    if config.endpoint:
+        key = config.api_key or os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        targets = [HttpTarget(name=spec.name, base_url=spec.url, method=spec.method, api=config.api,
+                              model=config.served_model, temperature=config.temperature,
+                              timeout=config.request_timeout, headers=headers) for spec in specs]
+        tokenizer = LocalTokenizer(config.tokenizer) if config.tokenizer else None
+        return Arms(specs, targets, tokenizer, None, config.served_model or "served by the endpoints")
+    from specwise.bench.targets.engine import build_engine_targets
+    targets, tokenizer, async_engine = build_engine_targets(engine_config, specs, config.temperature, config.seed,
+                                                            checkpoint)
+    return Arms(specs, targets, tokenizer, async_engine.engine.max_model_len,
+                engine_config.model or DEFAULT_MODEL_NAME, shutdown=async_engine.shutdown)
+
+
+def _baseline(config: EvaluateConfig, specs: list[ArmSpec]) -> str:
+    names = [spec.name for spec in specs]
+    if config.baseline is not None:
+        if config.baseline not in names:
+            raise ConfigError(f"--baseline {config.baseline!r} is not an arm; arms: {', '.join(names)}")
+        return config.baseline
+    plain = [spec.name for spec in specs if spec.method == "off"]
+    return plain[0] if plain else names[0]
+
+
+def _results_dir(output: str | None) -> Path:
+    path = Path(output) if output else Path("specwise-results") / time.strftime("%Y%m%d-%H%M%S")
+    if (path / "requests.jsonl").exists():
+        raise ConfigError(f"{path} already holds results; choose another --output "
+                          f"(or re-render it with `specwise report {path}`)")
+    return path
+
+
+def _run_info(config: EvaluateConfig, engine_config: EngineConfig, plan: Plan, arms: Arms,
+              baseline: str, argv: list[str] | None) -> dict:
+    return {
+        "tool": "evaluate", "model": arms.model,
+        "machine": machine_description(None if config.endpoint else engine_config),
+        "arms": [spec.to_dict() for spec in arms.specs], "baseline": baseline,
+        "loads": [dataclasses.asdict(point) for point in plan.loads],
+        "slo": parse_slo(config.slo).to_dict(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "argv": _redacted(argv if argv is not None else sys.argv[1:]), "workload": plan.info,
+        "warmup": config.warmup, "temperature": config.temperature,
+        "criteria": {"pay_metric": config.pay_metric, "margin": config.margin,
+                     "throughput_floor": config.throughput_floor},
+        "engine": None if config.endpoint else dataclasses.asdict(engine_config),
+        "config": dict(dataclasses.asdict(config), api_key=None),
+    }
+
+
+def _redacted(argv: list[str]) -> list[str]:
+    """The command line with the --api-key value blanked out."""
+    out = []
+    for index, arg in enumerate(argv):
+        secret = index > 0 and argv[index - 1] == "--api-key"
+        out.append("***" if secret else "--api-key=***" if arg.startswith("--api-key=") else arg)
+    return out
+
+
+def machine_description(engine_config: EngineConfig | None = None) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            cpu = next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    device = f", engine device {engine_config.device}" if engine_config else " (the client; endpoints run elsewhere)"
+    return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{device}"
+
+
+def _report_what_finished(results_dir: Path) -> ReportFiles | None:
+    try:
+        if any(not record.warmup for record in read_records(results_dir)):
+            return render_report(results_dir)
+    except Exception as error:      # the interrupt matters more than a failed partial report
+        print(f"specwise: could not render the partial report: {error}", file=sys.stderr)
+    return None

@@ -1,0 +1,50 @@
+"""Bad-row policy shared by the workload and trace readers.
+
+A malformed row is an InputError naming the file and line, unless the user asked to
+skip bad rows; then it is counted (and the first few reasons kept) so the run can say
+how much of the input it left out.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specwise.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BadRows:
+    skip: bool = False
+    count: int = 0
+    empty: int = 0                # rows with nothing to replay (e.g. 0 generated tokens)
+    examples: list[str] = field(default_factory=list)
+
+    def reject(self, path: Path, line: int, problem: str) -> None:
+        """Raise for a bad row, or count it when skipping."""
+        message = f"{path}:{line}: {problem}"
+        if not self.skip:
+            raise InputError(message + " (use --skip-bad-rows to skip such rows)")
+        self.count += 1
+        if len(self.examples) < 5:
+            self.examples.append(message)
+
+    def warn_if_any(self, path: Path) -> None:
+        if self.count:
+            log.warning("%s: skipped %d bad row(s), first: %s", path, self.count, self.examples[0])
+        if self.empty:
+            log.warning("%s: dropped %d row(s) with 0 generated tokens", path, self.empty)
+
+
+def parse_int(value, name: str, minimum: int) -> int:
+    """Parse a count such as a token count; raises ValueError with a short reason."""
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = int(value) if isinstance(value, (int, float)) else int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    return number
