@@ -121,13 +121,26 @@ def test_duration_bounds_a_point_and_cuts_off_stragglers(tmp_path):
     workload.write_text(json.dumps({"prompt": "quick", "max_tokens": 2}) + "\n"
                         + json.dumps({"prompt": "slow", "max_tokens": 40}) + "\n")
     with SSEServer(delay=0.05) as server:
-        outcome = evaluate(endpoint_config(tmp_path, f"off={server.url}", workload=str(workload), concurrency="2",
+        outcome = evaluate(endpoint_config(tmp_path, f"off={server.url}", workload=str(workload), concurrency="1",
                                            num_requests=2, duration=0.2, warmup=0, max_tokens=None), argv=[])
-    # the slow request needs 2 s; at 2 x 0.2 s it is cancelled, not recorded, and counted
+    # the quick request is the first wave (always measured); the slow one, sent next, needs 2 s:
+    # at 2 x 0.2 s it is cancelled, not recorded, and counted
     assert [r.request_id for r in read_records(outcome.results_dir)] == ["w:1"]
     assert read_run_info(outcome.results_dir)["cut_off"] == [
-        {"requests": 1, "arm": "off", "load_kind": "concurrency", "load_value": 2}]
+        {"requests": 1, "arm": "off", "load_kind": "concurrency", "load_value": 1}]
     assert "1 request(s) still running at twice --duration were cut off" in outcome.report.summary_md.read_text()
+
+
+def test_a_closed_loop_point_always_measures_its_first_wave(tmp_path):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"prompt": "quick", "max_tokens": 2}) + "\n"
+                        + json.dumps({"prompt": "slow", "max_tokens": 20}) + "\n")
+    with SSEServer(delay=0.05) as server:
+        outcome = evaluate(endpoint_config(tmp_path, f"off={server.url}", workload=str(workload), concurrency="2",
+                                           num_requests=2, duration=0.2, warmup=0, max_tokens=None), argv=[])
+    # the slow request (1 s) outlives twice --duration, but it is in the first wave of 2
+    assert sorted(r.request_id for r in read_records(outcome.results_dir)) == ["w:1", "w:2"]
+    assert "cut_off" not in read_run_info(outcome.results_dir)
 
 
 def test_open_loop_rate_points(tmp_path):
