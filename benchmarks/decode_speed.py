@@ -33,6 +33,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hf_reference import load_hf  # noqa: E402
 from specwise.engine.llm import LLM  # noqa: E402
 from specwise.models.default_model import default_model_path  # noqa: E402
 from specwise.sampling_params import SamplingParams  # noqa: E402
@@ -157,15 +158,6 @@ def timing(batch_size: int, new_tokens: int, wall: float, decode_seconds: float)
 
 
 # ----------------------------------------------------------------------------- transformers
-
-
-def load_hf(model_path: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-    if model_path.is_file():
-        model = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
-    return model.eval()
 
 
 def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> float:

@@ -56,7 +56,7 @@ class ModelRunner:
         return logits.view(num_seqs, q_len, -1)
 
     def _prepare(self, token_ids, start_positions, block_tables):
-        device, block_size = self.device, self.block_size
+        device = self.device
         query_lens = torch.tensor([len(run) for run in token_ids], device=device)                 # [num_seqs]
         starts = torch.tensor(start_positions, device=device)                                       # [num_seqs]
         max_query_len = int(query_lens.max())
