@@ -151,3 +151,34 @@ def test_requests_after_shutdown_are_refused(async_engine):
 
     with pytest.raises(RuntimeError, match="shut down"):
         asyncio.run(main())
+
+
+def test_requests_sent_while_a_step_runs_join_one_prefill(async_engine, monkeypatch):
+    """Adding never waits for the engine lock: a burst sent during a long step is admitted
+    together at the next step, not trickled in over several prefills."""
+    prefills = []
+    step = async_engine.engine.step
+
+    def recording_step():
+        waiting = len(async_engine.engine.scheduler.waiting)
+        if waiting:
+            prefills.append(waiting)
+        return step()
+
+    monkeypatch.setattr(async_engine.engine, "step", recording_step)
+
+    async def main():
+        async_engine.lock.acquire()                 # a long step is running
+        streams = [asyncio.ensure_future(collect(async_engine, f"burst {i}", SamplingParams(max_tokens=3)))
+                   for i in range(8)]
+        for _ in range(PATIENCE_S * 100):
+            if len(async_engine.inbox) == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert len(async_engine.inbox) == 8, "adds waited for the step"
+        async_engine.lock.release()
+        return await asyncio.wait_for(asyncio.gather(*streams), PATIENCE_S)
+
+    results = asyncio.run(main())
+    assert [len(outputs[-1].output_token_ids) for outputs in results] == [3] * 8
+    assert prefills[0] == 8

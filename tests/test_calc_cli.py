@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specwise.bench.results import read_records, read_run_info
+from specwise.bench.results import RequestRecord, read_records, read_run_info
 from specwise.calc.cli import register
 from specwise.errors import ConfigError, InputError
 
@@ -100,3 +100,20 @@ def test_simulate_trace_with_length_overrides(tmp_path):
     records = read_records(out_dir)
     assert sorted(r.send_time for r in records if r.arm == "off") == pytest.approx([0.0, 3.0])
     assert {r.output_tokens for r in records} == {9} and {r.load_kind for r in records} == {"trace"}
+
+
+def test_simulate_takes_prompt_lengths_and_duration_like_a_measured_run(tmp_path):
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    rows = [RequestRecord(arm="off", method="off", load_kind="concurrency", load_value=1, category="chat",
+                          request_id=request_id, prompt_tokens=tokens, output_tokens=8, send_time=0.0)
+            for request_id, tokens in (("warmup:chat-01", 47), ("chat-01#2", 47), ("chat-02", 61))]
+    (measured / "requests.jsonl").write_text("".join(row.to_json() + "\n" for row in rows))
+    out_dir = tmp_path / "sim"
+    assert run(["simulate", "--model", "smollm2-135m", "--gpu", "l4", "--workload", "suite:chat", "--per-category", "3",
+                "--concurrency", "2", "--duration", "0.01", "--prompt-tokens-from", str(measured),
+                "--output", str(out_dir)]) == 0
+    records = read_records(out_dir)
+    # nothing is sent after 10 ms: the first wave of two, with the lengths the measured run counted
+    assert sorted((r.request_id, r.prompt_tokens) for r in records) == [("chat-01", 47), ("chat-02", 61)]
+    assert read_run_info(out_dir)["workload"]["prompt_tokens_estimated"] == 1      # chat-03 was not measured

@@ -125,6 +125,26 @@ def test_profile_interpolates_and_extrapolates_linearly():
     assert profile.prefill_time([5, 5]) == pytest.approx(profile.step_time(2, 5, 0))
 
 
+def test_profile_prefill_axis_reads_total_prompt_tokens():
+    profile = ProfileCost(*axes_of(profile_grid()), profile_grid().seconds,
+                          prefill={"prefill_tokens": [100, 300], "prefill_seconds": [1.0, 2.0], "prefill_prompt_len": 100})
+    assert profile.prefill_time([100]) == pytest.approx(1.0)
+    assert profile.prefill_time([100, 100]) == pytest.approx(1.5)         # two prompts: 200 tokens
+    assert profile.prefill_time([250, 250]) == pytest.approx(2.0 + 200 / 200)    # extended linearly
+    assert profile_grid().prefill_time([100, 100]) == pytest.approx(profile_grid().step_time(2, 100, 0))
+    padded = ProfileCost(*axes_of(profile_grid()), profile_grid().seconds,
+                         prefill={**profile.prefill, "prefill_pads_to_longest": True})
+    assert padded.prefill_time([50, 150]) == pytest.approx(2.0)           # computes 2 x 150 tokens
+    assert profile.prefill_time([50, 150]) == pytest.approx(1.5)          # 200 tokens
+    with pytest.raises(InputError, match="prefill_tokens"):
+        ProfileCost(*axes_of(profile_grid()), profile_grid().seconds,
+                    prefill={"prefill_tokens": [300, 100], "prefill_seconds": [1.0, 2.0]})
+
+
+def axes_of(profile):
+    return [axis.tolist() for axis in profile.axes]
+
+
 def test_profile_file_round_trip_and_errors(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile_grid().to_json()))

@@ -12,7 +12,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from specwise.bench.load import LoadPoint, closed_loop, open_loop, take
+from specwise.bench.load import DRAIN_FACTOR, LoadPoint, closed_loop, open_loop, take
 from specwise.bench.measure import Slot, Tokenizer, measure
 from specwise.bench.metrics import point_metrics, server_acceptance_stats
 from specwise.bench.plan import Plan
@@ -21,12 +21,6 @@ from specwise.bench.results import RecordWriter, RequestRecord, write_run_info
 from specwise.bench.slo import SLO
 from specwise.bench.targets.base import Target
 from specwise.bench.targets.prometheus import difference
-
-# --duration stops new requests; those still running at DRAIN_FACTOR x duration are cut off
-# (cancelled, not recorded, counted in run.json "cut_off"), so a point's time stays bounded.
-# Exception: a closed-loop point always measures its first wave (`concurrency` requests),
-# each bounded by the request timeout, so a slow target still gets a figure at every level.
-DRAIN_FACTOR = 2.0
 
 
 class Runner:

@@ -8,6 +8,12 @@ With i.i.d. acceptance alpha, p_i = alpha^i and the expected tokens per step is
 
 alpha is not the measured acceptance rate (accepted / drafted): at k drafts per step
 that rate is (alpha + alpha^2 + ... + alpha^k) / k. `alpha_from_acceptance_rate` converts.
+
+Some drafters propose nothing at some steps: n-gram lookup finds no earlier occurrence of
+the recent tokens, and that sequence's step verifies 1 token and emits 1. `draft_fraction`
+is the share of a sequence's decode steps that carried drafts (measured: drafts / decode
+steps, with decode steps = output tokens - 1 - accepted tokens); the per-position rates
+describe the steps that drafted, as the measured counters do.
 """
 
 from dataclasses import dataclass
@@ -51,10 +57,13 @@ def _check_alpha(alpha: float) -> None:
 class Acceptance:
     alpha: float | None = None                 # i.i.d. acceptance probability per draft token
     positions: tuple[float, ...] = ()          # measured p_1 >= p_2 >= ... (drafts accepted at i / drafts)
+    draft_fraction: float = 1.0                # share of decode steps that carry drafts
 
     def __post_init__(self):
         if (self.alpha is None) == (not self.positions):
             raise ConfigError("give either an acceptance alpha or per-position acceptance rates, not both")
+        if not 0.0 < self.draft_fraction <= 1.0:
+            raise ConfigError(f"the share of steps that draft must be in (0, 1], got {self.draft_fraction}")
         if self.alpha is not None:
             _check_alpha(self.alpha)
             return
@@ -88,45 +97,64 @@ class Acceptance:
         return (self.expected_tokens(k) - 1.0) / k if k else 0.0
 
     def describe(self) -> str:
-        if self.alpha is not None:
-            return f"alpha={self.alpha:g}"
-        return "positions=" + "/".join(f"{p:.3g}" for p in self.positions)
+        text = f"alpha={self.alpha:g}" if self.alpha is not None else \
+            "positions=" + "/".join(f"{p:.3g}" for p in self.positions)
+        return text if self.draft_fraction == 1.0 else f"{text}, drafted={self.draft_fraction:.3g}"
 
 
 def measured_acceptance(results_dir, arm: str) -> dict[str, Acceptance]:
-    """Per-position acceptance of one arm of an `evaluate` result: one entry per workload
-    category plus "*" for all together, from the requests' counters; for endpoint arms that
-    carry none, from the server counters in run.json ("*" only)."""
-    totals = _request_totals(Path(results_dir), arm) or _server_totals(Path(results_dir), arm)
+    """Per-position acceptance and the share of steps that drafted, for one arm of an `evaluate`
+    result: one entry per workload category plus "*" for all together, from the requests'
+    counters; for endpoint arms that carry none, from the server counters in run.json ("*" only)."""
+    records = _arm_records(Path(results_dir), arm)
+    totals = _request_totals(records) or _server_totals(Path(results_dir), arm, records)
     if not totals:
         raise InputError(f"{results_dir}: arm {arm!r} has no per-position acceptance counts "
                          "(neither per request nor from the server)")
+    return {key: _acceptance(*values) for key, values in totals.items()}
+
+
+def _acceptance(drafts: float, accepted: np.ndarray, steps: float) -> Acceptance:
     # summed over requests with different k the ratios can wiggle; keep them non-increasing
-    return {key: Acceptance(positions=tuple(np.minimum.accumulate(np.minimum(accepted / drafts, 1.0))))
-            for key, (drafts, accepted) in totals.items()}
+    rates = np.minimum.accumulate(np.minimum(accepted / drafts, 1.0))
+    fraction = min(1.0, drafts / steps) if steps > 0 else 1.0
+    return Acceptance(positions=tuple(float(rate) for rate in rates), draft_fraction=fraction)
 
 
-def _add(totals: dict, key: str, drafts: float, per_position) -> None:
-    old_drafts, old = totals.get(key, (0.0, np.zeros(0)))
+def _arm_records(results_dir: Path, arm: str) -> list:
+    from specwise.bench.results import read_records
+
+    return [record for record in read_records(results_dir)
+            if record.arm == arm and not record.warmup and not record.error]
+
+
+def _decode_steps(output_tokens: float, accepted_tokens: float) -> float:
+    """The first token comes from the prefill; each decode step emits 1 + its accepted drafts."""
+    return max(0.0, output_tokens - 1 - accepted_tokens)
+
+
+def _add(totals: dict, key: str, drafts: float, per_position, steps: float) -> None:
+    old_drafts, old, old_steps = totals.get(key, (0.0, np.zeros(0), 0.0))
     width = max(len(old), len(per_position))
     summed = np.pad(old, (0, width - len(old))) + np.pad(np.asarray(per_position, float),
                                                          (0, width - len(per_position)))
-    totals[key] = (old_drafts + drafts, summed)
+    totals[key] = (old_drafts + drafts, summed, old_steps + steps)
 
 
-def _request_totals(results_dir: Path, arm: str) -> dict:
-    from specwise.bench.results import read_records
-
+def _request_totals(records: list) -> dict:
+    """Requests that never drafted still count their steps (the share of steps that drafted)."""
+    counted = [record for record in records if record.drafts is not None]
+    if not any(record.drafts and record.accepted_per_position for record in counted):
+        return {}
     totals: dict = {}
-    for record in read_records(results_dir):
-        if record.arm == arm and not record.warmup and not record.error and record.drafts \
-                and record.accepted_per_position:
-            for key in (record.category, "*"):
-                _add(totals, key, record.drafts, record.accepted_per_position)
-    return totals
+    for record in counted:
+        steps = _decode_steps(record.output_tokens, record.accepted_tokens or 0)
+        for key in (record.category, "*"):
+            _add(totals, key, record.drafts, record.accepted_per_position or [], steps)
+    return {key: value for key, value in totals.items() if value[0] > 0}
 
 
-def _server_totals(results_dir: Path, arm: str) -> dict:
+def _server_totals(results_dir: Path, arm: str, records: list) -> dict:
     from specwise.bench.results import read_run_info
 
     totals: dict = {}
@@ -134,5 +162,9 @@ def _server_totals(results_dir: Path, arm: str) -> dict:
         return totals
     for entry in read_run_info(results_dir).get("server_acceptance", []):
         if entry.get("arm") == arm and entry.get("drafts") and entry.get("accepted_per_position"):
-            _add(totals, "*", entry["drafts"], entry["accepted_per_position"])
+            _add(totals, "*", entry["drafts"], entry["accepted_per_position"], 0.0)
+    if totals:
+        drafts, accepted, _ = totals["*"]
+        steps = sum(_decode_steps(record.output_tokens, 0) for record in records) - accepted.sum()
+        totals["*"] = (drafts, accepted, steps)
     return totals

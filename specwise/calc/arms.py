@@ -9,12 +9,14 @@ An arm is written METHOD[:KEY=VALUE,...], for example
     draft:k=4,from=results/eval1,arm=draft-k4,drafter=smollm2-135m
 Keys: k (default: as many as the measured positions, else 4) | policy (batch size -> k);
 acceptance: alpha | positions | rate (measured accepted / drafted at this k) | from (an
-evaluate results directory, with arm = its arm name, default this arm's name); drafting
+evaluate results directory, with arm = its arm name, default this arm's name); drafted
+(share of steps that carry drafts, default 1, or as measured with from); drafting
 cost: drafter (catalog model or config.json on the same GPUs) | cost (relative to a target
 decode step); budget (drafter KV tokens per sequence); overhead_ms (per verification
 step); name.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from specwise.calc.acceptance import Acceptance, alpha_from_acceptance_rate, measured_acceptance
@@ -26,7 +28,7 @@ from specwise.calc.stepcost import StepCostModel
 from specwise.errors import ConfigError
 
 DEFAULT_K = 4             # as the engine's --num-speculative-tokens
-KEYS = ("k", "policy", "alpha", "positions", "rate", "from", "arm", "drafter", "cost", "budget",
+KEYS = ("k", "policy", "alpha", "positions", "rate", "from", "arm", "drafted", "drafter", "cost", "budget",
         "overhead_ms", "name")
 
 
@@ -95,6 +97,9 @@ def build_arm(method: str, keys: dict[str, str], target: StepCostModel, deployme
         return OFF
     policy = _policy(text, keys)
     acceptance = _acceptance(text, method, keys, policy)
+    if "drafted" in keys:
+        fraction = _number(text, keys, "drafted")
+        acceptance = {key: dataclasses.replace(value, draft_fraction=fraction) for key, value in acceptance.items()}
     if policy is None:
         measured = [a.max_k for a in acceptance.values() if a.max_k is not None]
         policy = KPolicy.fixed(min(measured) if measured else DEFAULT_K)

@@ -9,16 +9,23 @@ Profile JSON (written by `specwise calibrate` or by hand):
       "batch_sizes":    [1, 8, 32, 128],             increasing
       "tokens_per_seq": [1, 2, 5, 512],              increasing; 1 + k for verification steps
       "context_lens":   [0, 1024, 4096, 16384],      increasing; KV tokens cached per sequence
-      "seconds": [[[...], ...], ...]                 seconds[b][t][c], shape
+      "seconds": [[[...], ...], ...],                seconds[b][t][c], shape
                                                      [len(batch_sizes)][len(tokens_per_seq)][len(context_lens)]
-    }
+      "prefill_tokens":  [256, 1024, 4096],          optional: prompt tokens in one prefill step,
+      "prefill_seconds": [0.9, 3.4, 14.8],           its time, measured with prompts of
+      "prefill_prompt_len": 256,                     this length (1, 4 and 16 of them)
+      "prefill_pads_to_longest": true                optional: the engine pads a prefill step's
+    }                                                prompts to its longest (specwise's does)
 
 Between grid points the time is piecewise linear along each axis; beyond the edges it is
 extended linearly from the last two points (so a batch twice the largest measured one
 costs what the trend says), and never below zero. Steps with unequal contexts use
-the mean context. A prefill of n prompts of mean length L is read as the step
-(batch n, L tokens per sequence, context 0): measure a few prompt lengths at batch 1
-and a few batch sizes to cover it.
+the mean context. A prefill step costs what the prefill axis says for its total prompt
+tokens; without one, n prompts of mean length L are read as the step (batch n, L tokens
+per sequence, context 0) of the grid. An engine that pads prompts to the longest one in
+the step computes n x longest tokens: with prefill_pads_to_longest, that is the total
+(and L the longest). Worked example: prompts of 50 and 300 tokens cost 350 tokens' time
+without padding, 600 with it.
 """
 
 import json
@@ -31,14 +38,18 @@ from specwise.errors import InputError
 
 PROFILE_FORMAT = "specwise-step-profile"
 AXES = ("batch_sizes", "tokens_per_seq", "context_lens")
+PREFILL_KEYS = ("prefill_tokens", "prefill_seconds", "prefill_prompt_len", "prefill_pads_to_longest")
 
 
 class ProfileCost(StepCostModel):
-    def __init__(self, batch_sizes, tokens_per_seq, context_lens, seconds, machine: str = "", model: str = ""):
+    def __init__(self, batch_sizes, tokens_per_seq, context_lens, seconds, machine: str = "", model: str = "",
+                 prefill: dict | None = None):
         self.axes = [np.asarray(values, dtype=float) for values in (batch_sizes, tokens_per_seq, context_lens)]
         self.seconds = np.asarray(seconds, dtype=float)
         self.machine, self.model = machine, model
+        self.prefill = prefill or {}          # PREFILL_KEYS, or empty
         self._check()
+        self._check_prefill()
         self.description = f"measured profile: {model or 'model?'} on {machine or 'machine?'}"
 
     def _check(self) -> None:
@@ -51,6 +62,15 @@ class ProfileCost(StepCostModel):
                              "(batch_sizes x tokens_per_seq x context_lens)")
         if not np.all(np.isfinite(self.seconds)) or np.any(self.seconds < 0):
             raise InputError("profile seconds must be finite and >= 0")
+
+    def _check_prefill(self) -> None:
+        if "prefill_tokens" not in self.prefill and "prefill_seconds" not in self.prefill:
+            return
+        tokens, seconds = (np.asarray(self.prefill.get(key, []), dtype=float) for key in PREFILL_KEYS[:2])
+        if tokens.ndim != 1 or len(tokens) < 1 or np.any(np.diff(tokens) <= 0) or tokens.shape != seconds.shape:
+            raise InputError("profile prefill_tokens must be an increasing list, with one prefill_seconds each")
+        if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
+            raise InputError("profile prefill_seconds must be finite and >= 0")
 
     @classmethod
     def load(cls, path) -> "ProfileCost":
@@ -67,12 +87,12 @@ class ProfileCost(StepCostModel):
         if missing:
             raise InputError(f"{path}: profile lacks {', '.join(missing)}")
         return cls(*(data[key] for key in (*AXES, "seconds")), machine=data.get("machine", ""),
-                   model=data.get("model", ""))
+                   model=data.get("model", ""), prefill={key: data[key] for key in PREFILL_KEYS if key in data})
 
     def to_json(self) -> dict:
         return {"format": PROFILE_FORMAT, "version": 1, "machine": self.machine, "model": self.model,
                 **{name: axis.tolist() for name, axis in zip(AXES, self.axes)},
-                "seconds": self.seconds.tolist()}
+                "seconds": self.seconds.tolist(), **self.prefill}
 
     def _context_curve(self, batch_size: float, tokens_per_seq: float) -> np.ndarray:
         """Times over the context grid at this batch size and tokens per sequence."""
@@ -90,7 +110,11 @@ class ProfileCost(StepCostModel):
 
     def prefill_time(self, prompt_lens) -> float:
         lens = np.asarray(prompt_lens, dtype=float)
-        return float(self.step_times(len(lens), max(1, round(float(lens.mean()))), np.zeros(1))[0])
+        length = lens.max() if self.prefill.get("prefill_pads_to_longest") else lens.mean()
+        if "prefill_tokens" in self.prefill:
+            tokens, seconds = (np.asarray(self.prefill[key], dtype=float) for key in PREFILL_KEYS[:2])
+            return float(max(_interp(tokens, seconds, np.array([len(lens) * length]))[0], 0.0))
+        return float(self.step_times(len(lens), max(1, round(float(length))), np.zeros(1))[0])
 
 
 def _bracket(axis: np.ndarray, x: float) -> tuple[int, int, float]:

@@ -1,8 +1,9 @@
 """`specwise simulate`: the evaluation, on paper, for any GPU, model and drafter.
 
 Workloads and load points follow `evaluate` (same flags, the same requests per point,
-the same arrival times); the results directory has evaluate's format, so
-`specwise report DIR` renders it with the same plots and recommendation.
+the same arrival times, the same --duration cut-off: bench/plan.py and bench/load.py
+decide for both); the results directory has evaluate's format, so `specwise report DIR`
+renders it with the same plots and recommendation.
 """
 
 import dataclasses
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specwise.bench import plan
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
@@ -21,9 +23,6 @@ from specwise.calc.sim_workload import prompt_tokens
 from specwise.calc.simulator import ServerConfig, Simulator
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.errors import ConfigError
-
-MIN_REQUESTS = 24          # evaluate's default requests per point: max(4 x concurrency, 24); 24 per rate point
-
 
 def _help(text: str, default=None):
     return field(default=default, metadata={"help": text})
@@ -43,8 +42,12 @@ class SimulateConfig:
     rate: str | None = _help("open-loop request rates, requests/s, e.g. 0.5,1,2")
     burstiness: float = _help("arrival burstiness for --rate: 1 = Poisson, < 1 burstier", 1.0)
     num_requests: int | None = _help("requests per load point (default as evaluate: max(4 x concurrency, 24))")
+    duration: float | None = _help("stop sending new requests after this many seconds per load point, as evaluate's "
+                                   "--duration (requests still running at twice that are cut off)")
     max_tokens: int | None = _help("cap every request's output length")
     prompt_tokens: int | None = _help("give every request this prompt length, tokens")
+    prompt_tokens_from: str | None = _help("an evaluate results directory: take each request's prompt length as "
+                                           "counted there (default: estimated from the text, 4 characters a token)")
     output_tokens: int | None = _help("give every request exactly this output length, tokens")
     skip_bad_rows: bool = _help("skip malformed workload/trace rows instead of stopping", False)
     output: str | None = _help("results directory (default: specwise-results/sim-<timestamp>)")
@@ -53,8 +56,8 @@ class SimulateConfig:
     def __post_init__(self):
         if self.trace is None and self.rate is None and self.concurrency is None:
             self.concurrency = "1,4,16,64"
-        for name in ("time_scale", "burstiness", "num_requests", "max_tokens", "prompt_tokens", "output_tokens",
-                     "per_category"):
+        for name in ("time_scale", "burstiness", "num_requests", "duration", "max_tokens", "prompt_tokens",
+                     "output_tokens", "per_category"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -78,11 +81,11 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     if len({arm.name for arm in arms}) != len(arms):
         raise ConfigError("two arms share a name; add name=... to one of them")
     workload, info = load_workload(config)
-    loads = load_points(config)
+    loads = plan.load_points(config.concurrency, config.rate, config.trace, config.time_scale)
     started = time.perf_counter()
     mean_length = sum(prompt_tokens(r)[0] + r.max_tokens for r in workload) / len(workload)
     results = [_simulator(arm, cost, deployment, server, config.seed, mean_length).run(
-        requests_for(point, workload, config), arm, point, config.burstiness)
+        plan.point_requests(point, workload, config.num_requests), arm, point, config.burstiness, config.duration)
         for point in loads for arm in arms]
     elapsed = time.perf_counter() - started
     out_dir = Path(config.output) if config.output else Path("specwise-results") / time.strftime("sim-%Y%m%d-%H%M%S")
@@ -90,7 +93,8 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
                 "arms": [arm.describe() for arm in arms], "baseline": "off",
                 "loads": [dataclasses.asdict(point) for point in loads], "slo": {}, "workload": info,
                 "argv": list(argv if argv is not None else sys.argv[1:]),
-                "simulation": _simulation_info(results, server, elapsed, config)}
+                "simulation": _simulation_info(results, server, elapsed, config),
+                "cut_off": _cut_off(results)}
     records = write_results(out_dir, results, run_info)
     print_summary(records, run_info, out_dir, elapsed)
     return 0
@@ -110,56 +114,44 @@ def _simulator(arm, cost, deployment: Deployment, server: ServerConfig, seed: in
 
 def load_workload(config: SimulateConfig) -> tuple[list, dict]:
     """The workload as evaluate reads it (suite, JSONL or trace), with the length overrides applied."""
-    from specwise.bench.rows import BadRows
-    from specwise.bench.suite import load_suite, parse_categories
-    from specwise.bench.traces import read_trace
-    from specwise.bench.workloads import read_workload
-
-    bad_rows = BadRows(skip=config.skip_bad_rows)
-    if config.trace:
-        workload = sorted(read_trace(config.trace, config.trace_format, bad_rows=bad_rows),
-                          key=lambda r: r.arrival_time)
-        source = f"trace {config.trace}"
-    elif config.workload == "suite" or config.workload.startswith("suite:"):
-        workload = load_suite(parse_categories(config.workload.partition(":")[2]), config.per_category)
-        source = config.workload
-    else:
-        workload, source = read_workload(config.workload, bad_rows=bad_rows), config.workload
+    workload, info = plan.load_workload(config.workload, config.trace, config.trace_format, config.per_category,
+                                        config.skip_bad_rows)
+    counted = _counted_prompt_tokens(config.prompt_tokens_from) if config.prompt_tokens_from else {}
     for request in workload:
+        if request.prompt_tokens is None:
+            request.prompt_tokens = counted.get(request.request_id)
         if config.prompt_tokens is not None:
             request.prompt_tokens = config.prompt_tokens
         if config.output_tokens is not None:
             request.max_tokens = config.output_tokens
         elif config.max_tokens is not None:
             request.max_tokens = min(request.max_tokens, config.max_tokens)
-    estimated = sum(1 for request in workload if prompt_tokens(request)[1])
-    info = {"source": source, "requests": len(workload), "categories": sorted({r.category for r in workload}),
-            "skipped_rows": bad_rows.count, "empty_rows": bad_rows.empty,
-            "prompt_tokens_estimated": estimated}
+    info["prompt_tokens_estimated"] = sum(1 for request in workload if prompt_tokens(request)[1])
     return workload, info
 
 
-def load_points(config: SimulateConfig) -> list:
-    from specwise.bench.load import LoadPoint, parse_values
+def _counted_prompt_tokens(results_dir: str) -> dict[str, int]:
+    """request id -> prompt tokens as the target counted them (chat template included); ids
+    there may carry evaluate's warm-up prefix or repeat suffix ("warmup:chat-01", "chat-01#2")."""
+    from specwise.bench.results import read_records
 
-    points = []
-    if config.trace:
-        points.append(LoadPoint("trace", config.time_scale))
-    if config.concurrency:
-        points += [LoadPoint("concurrency", c) for c in parse_values(config.concurrency, "--concurrency", True)]
-    if config.rate:
-        points += [LoadPoint("rate", r) for r in parse_values(config.rate, "--rate")]
-    return points
+    counted = {record.request_id.removeprefix("warmup:").partition("#")[0]: record.prompt_tokens
+               for record in read_records(results_dir) if record.prompt_tokens > 0}
+    if not counted:
+        raise ConfigError(f"--prompt-tokens-from {results_dir}: no request there has a prompt token count")
+    return counted
 
 
-def requests_for(point, workload: list, config: SimulateConfig) -> list:
-    from specwise.bench.load import take
-
-    if point.kind == "trace":
-        return workload[:config.num_requests] if config.num_requests else list(workload)
-    count = config.num_requests or (max(4 * int(point.value), MIN_REQUESTS) if point.kind == "concurrency"
-                                    else MIN_REQUESTS)
-    return take(workload, count)
+def _cut_off(results) -> list[dict]:
+    """run.json "cut_off" as evaluate writes it: requests still running at the time limit."""
+    entries = []
+    for result in results:
+        state = result.state
+        cut = int(np.sum(~np.isnan(state.send) & ~state.recorded()))
+        if cut:
+            entries.append({"requests": cut, "arm": result.arm, "load_kind": result.load.kind,
+                            "load_value": result.load.value})
+    return entries
 
 
 def _simulation_info(results, server: ServerConfig, elapsed: float, config: SimulateConfig) -> dict:

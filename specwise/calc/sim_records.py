@@ -22,7 +22,10 @@ def build_records(result: SimResult) -> list[RequestRecord]:
     state = result.state
     chunks = _chunks(state)
     records = []
+    recorded = state.recorded()
     for i, request in enumerate(state.requests):
+        if not recorded[i]:
+            continue
         base = dict(arm=state.arm.name, method=state.arm.method, load_kind=state.load.kind,
                     load_value=state.load.value, category=request.category, request_id=request.request_id,
                     prompt_tokens=int(state.prompt[i]), send_time=float(state.send[i]))
@@ -58,8 +61,10 @@ def _chunks(state: SimState) -> dict:
     times = np.where(is_decode, ends[step] if len(ends) else 0.0, start[block])
     counts = np.bincount(owner, minlength=len(state.requests))
     bounds = np.concatenate(([0], np.cumsum(counts)))
-    k = np.where(is_decode, ks[step] if len(ks) else 0, 0)
-    accepted = _accepted(state, owner, is_decode, k, bounds)
+    u_index = _uniform_index(state, owner, is_decode, bounds)
+    # a step where the drafter proposed nothing verified 1 token: k = 0 there
+    k = np.where(is_decode & state.drafting(u_index, state.cat[owner]), ks[step] if len(ks) else 0, 0)
+    accepted = _accepted(state, owner, u_index, k)
     tokens = accepted + 1
     _cut_to_length(tokens, bounds, state.out, counts)
     per_position = (accepted[:, None] > np.arange(state.max_k)).astype(np.int64)
@@ -83,14 +88,18 @@ def _blocks(state: SimState) -> tuple[np.ndarray, ...]:
     return (table[:, 0].astype(np.int64), table[:, 1].astype(bool), table[:, 2], table[:, 3].astype(np.int64))
 
 
-def _accepted(state: SimState, owner, is_decode, k, bounds) -> np.ndarray:
-    """Accepted drafts per chunk: the request's n-th decode step used its n-th uniform."""
-    if not state.max_k:
-        return np.zeros(len(owner), dtype=np.int64)
+def _uniform_index(state: SimState, owner, is_decode, bounds) -> np.ndarray:
+    """[chunks] the uniform each chunk's step drew: the request's n-th decode step used its n-th."""
     decode_index = np.cumsum(is_decode) - 1                             # decode chunks so far, all requests
     before = np.concatenate(([0], np.cumsum(is_decode)))[bounds[:-1]]  # decode chunks before each request
-    position = np.where(is_decode, decode_index - before[owner], 0)
-    u = state.uniforms[state.u_offset[owner] + position]
+    return state.u_offset[owner] + np.where(is_decode, decode_index - before[owner], 0)
+
+
+def _accepted(state: SimState, owner, u_index, k) -> np.ndarray:
+    """Accepted drafts per chunk."""
+    if not state.max_k:
+        return np.zeros(len(owner), dtype=np.int64)
+    u = state.uniforms[u_index]
     drafted = np.arange(state.max_k)[None, :] < k[:, None]             # [chunks, max_k]
     return ((u[:, None] < state.p[state.cat[owner]]) & drafted).sum(axis=1)
 

@@ -4,20 +4,27 @@ Running sequences live in parallel arrays in admission order (newest last):
 run_idx (request index), run_ctx (KV tokens cached), run_rem (tokens still to emit),
 run_u (index of the request's next uniform: its decode steps so far, from its stream's start)
 and run_p (its category's per-position acceptance, [batch, max_k]).
+
+A load point bounded by a duration follows evaluate's rule (bench/load.py): nothing is sent
+after `duration`, and requests still running at DRAIN_FACTOR x duration are cut off (not
+recorded), unless fewer than a closed loop's first wave had finished by then.
 """
 
+import math
 from collections import deque
 
 import numpy as np
 
+from specwise.bench.load import DRAIN_FACTOR
 from specwise.calc.sim_workload import prompt_tokens, send_times
 
 MAX_STEPS_PER_EVENT = 512
 
 
 class SimState:
-    def __init__(self, sim, requests, arm, load, burstiness: float = 1.0):
+    def __init__(self, sim, requests, arm, load, burstiness: float = 1.0, duration: float | None = None):
         self.sim, self.cost, self.server, self.arm, self.load = sim, sim.cost, sim.server, arm, load
+        self.duration = math.inf if duration is None else duration
         self.requests, self.kv_blocks, self.size = requests, sim.kv_blocks, sim.server.block_size
         n = len(requests)
         self.prompt = np.array([prompt_tokens(r)[0] for r in requests], dtype=np.int64)
@@ -45,15 +52,28 @@ class SimState:
         self._plan_sends(burstiness)
 
     def _acceptance_tables(self, seed: int) -> None:
-        """p[category, i]: probability draft i + 1 is accepted; one uniform per request per decode step."""
+        """p[category, i]: probability draft i + 1 is accepted; f[category]: probability a step
+        drafts at all. Per request per decode step one uniform for acceptance and, when some
+        f < 1, one more for drafting."""
         self.p = np.zeros((len(self.categories), self.max_k))
+        self.f = np.ones(len(self.categories))
         self.u_offset = np.concatenate(([0], np.cumsum(self.out)[:-1]))
+        self.uniforms, self.draft_uniforms = np.zeros(0), None
         if not self.max_k:
-            self.uniforms = np.zeros(0)
             return
         for index, category in enumerate(self.categories):
-            self.p[index] = self.arm.acceptance_for(category).rates(self.max_k)
-        self.uniforms = np.random.default_rng(seed).random(int(self.out.sum()))
+            acceptance = self.arm.acceptance_for(category)
+            self.p[index], self.f[index] = acceptance.rates(self.max_k), acceptance.draft_fraction
+        rng = np.random.default_rng(seed)
+        self.uniforms = rng.random(int(self.out.sum()))
+        if np.any(self.f < 1):
+            self.draft_uniforms = rng.random(len(self.uniforms))
+
+    def drafting(self, u_index: np.ndarray, category: np.ndarray) -> np.ndarray:
+        """Whether the decode steps with these uniform indices carried drafts (same shape)."""
+        if self.draft_uniforms is None:
+            return np.ones(np.shape(u_index), dtype=bool)
+        return self.draft_uniforms[u_index] < self.f[category]
 
     def _plan_sends(self, burstiness: float) -> None:
         need = -(-(self.prompt + self.out + self.lookahead) // self.size)
@@ -68,8 +88,11 @@ class SimState:
             for _ in range(min(int(self.load.value), len(live))):
                 self._send(self.pending.popleft(), 0.0)
             return
+        unsent = [i for i in self.errors if times[i] >= self.duration]
+        for i in unsent:
+            del self.errors[i]
         self.send[list(self.errors)] = [times[i] for i in self.errors]
-        self.arrivals = sorted((times[i], i) for i in live)
+        self.arrivals = sorted((times[i], i) for i in live if times[i] < self.duration)
         self.next_arrival = 0
 
     def _send(self, i: int, time: float) -> None:
@@ -180,8 +203,18 @@ class SimState:
 
     def _finish(self, i: int) -> None:
         self.finish[i] = self.now
-        if self.arrivals is None and self.pending:
+        if self.arrivals is None and self.pending and self.now < self.duration:
             self._send(self.pending.popleft(), self.now)
+
+    def recorded(self) -> np.ndarray:
+        """[requests] True for those evaluate would have recorded: sent, and not cut off."""
+        sent = ~np.isnan(self.send)
+        limit = DRAIN_FACTOR * self.duration
+        wave = int(self.load.value) if self.arrivals is None else 0
+        ended = np.where(np.isnan(self.finish), self.send, self.finish)       # errors end when sent
+        if np.sum(sent & (ended <= limit)) < min(wave, int(sent.sum())):
+            return sent                                                       # the first wave is waited for
+        return sent & (ended <= limit)
 
     def _preempt_newest(self) -> None:
         i = int(self.run_idx[-1])
@@ -218,7 +251,7 @@ class SimState:
 
     def _decode_speculative(self, batch: int, k: int) -> None:
         width = self._horizon(batch, k)
-        tokens = self._draw_tokens(k, width)                       # [batch, width]
+        tokens, drafted = self._draw_tokens(k, width)              # [batch, width]
         emitted = np.cumsum(tokens, axis=1)
         context = self.run_ctx[:, None] + (emitted - tokens)       # [batch, width] KV cached before each step
         # emitted grows along each row: the count of steps still short of run_rem is the finishing step
@@ -230,13 +263,22 @@ class SimState:
         total = context[:, :width].sum(axis=0)
         budget = self.arm.draft.kv_budget
         capped = total if budget is None else np.minimum(context[:, :width], budget).sum(axis=0).astype(float)
-        times = (self.cost.step_times(batch, k + 1, total) + self.arm.draft.draft_times(batch, k, total, capped)
-                 + self.arm.overhead_s)
+        times = (self._verify_times(batch, k, total, drafted[:, :width])
+                 + self.arm.draft.draft_times(batch, k, total, capped) + self.arm.overhead_s)
         ends = self.now + np.cumsum(times)
         steps = self._stop_for_arrival(ends, width)
         self._note_peak(lambda: context[:, steps - 1], int(total[steps - 1]), k + 1)
         gained = np.minimum(emitted[:, steps - 1], self.run_rem)
         self._commit(steps, k, gained, int(gained.sum()), ends[:steps], finishing=steps == first_finish)
+
+    def _verify_times(self, batch: int, k: int, total: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+        """Verification steps where only some sequences drafted: their time goes linearly from a
+        plain step (no one drafted) to a full one (all verify 1 + k tokens) with the share that did."""
+        full = self.cost.step_times(batch, k + 1, total)
+        if self.draft_uniforms is None:
+            return full
+        plain = self.cost.step_times(batch, 1, total)
+        return plain + drafted.mean(axis=0) * (full - plain)
 
     def _steps_that_fit(self, context_at, k: int, width: int) -> int:
         """How many steps fit: contexts only grow, so KV need is monotone in the step; bisect."""
@@ -261,9 +303,12 @@ class SimState:
             width = min(width, max(1, int((upcoming - self.now) / self.last_step) + 2))
         return width
 
-    def _draw_tokens(self, k: int, width: int) -> np.ndarray:
-        u = self.uniforms[self.run_u[:, None] + np.arange(width)]  # [batch, width]
-        return 1 + (u[:, :, None] < self.run_p[:, None, :k]).sum(axis=2)
+    def _draw_tokens(self, k: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens each step emits and whether it drafted, both [batch, width]."""
+        index = self.run_u[:, None] + np.arange(width)             # [batch, width]
+        accepted = (self.uniforms[index][:, :, None] < self.run_p[:, None, :k]).sum(axis=2)
+        drafted = self.drafting(index, self.cat[self.run_idx][:, None])
+        return 1 + accepted * drafted, drafted
 
     def _stop_for_arrival(self, ends: np.ndarray, width: int) -> int:
         upcoming = self._arrival_that_matters()

@@ -8,7 +8,9 @@ The server is modelled like vLLM's V0 scheduler, the one its speculative decodin
     batch-size policy) and one verification pass over 1 + k tokens, emitting 1 + accepted;
   - KV blocks are allocated as sequences grow; when a step would not fit, the newest
     sequence is preempted (its blocks freed, recomputed later from prompt + output);
-  - every request generates exactly max_tokens (traces give the length; EOS is not modelled).
+  - every request generates exactly max_tokens (traces give the length; EOS is not modelled);
+  - a drafter that proposes nothing at some steps (n-gram lookup without a match) has those
+    sequences verify 1 token; the step's time is interpolated by the share that drafted.
 
 Speed: between two events (an arrival that could be admitted, a finish, a KV shortfall)
 the batch is fixed, so a whole run of decode steps is drawn and costed at once with
@@ -69,8 +71,8 @@ class Simulator:
         self.kv_blocks = kv_capacity_tokens // server.block_size
 
     def run(self, requests: list[WorkloadRequest], arm: SpecArm, load: LoadPoint,
-            burstiness: float = 1.0) -> SimResult:
-        state = SimState(self, requests, arm, load, burstiness)
+            burstiness: float = 1.0, duration: float | None = None) -> SimResult:
+        state = SimState(self, requests, arm, load, burstiness, duration)
         state.simulate()
         return SimResult(arm=arm.name, load=load, state=state, duration=_duration(state),
                          occupancy=state.occupancy, peak_kv_blocks=state.peak_blocks, kv_blocks=self.kv_blocks,

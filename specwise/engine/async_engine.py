@@ -3,6 +3,12 @@
 Each request gets its own asyncio queue; outputs are handed to the caller's event loop
 as the step produces them. A caller that stops listening (client disconnect, task
 cancelled) aborts its request, which frees its KV blocks at once.
+
+Callers never wait for a step: a prompt is tokenized and checked in a worker thread, then
+("add", ...) and ("abort", ...) go into one inbox that the step thread empties, in order,
+before every step. So requests sent together join the same step, however long the step
+running when they arrive (waiting on the engine lock instead starved them: the step thread
+takes it back at once, and a 64-request wave trickled in over several prefills).
 """
 
 import asyncio
@@ -13,6 +19,7 @@ from typing import AsyncIterator
 
 from specwise.engine.llm_engine import LLMEngine, Prompt
 from specwise.engine.outputs import RequestOutput
+from specwise.errors import InputError
 from specwise.sampling_params import SamplingParams
 
 
@@ -23,27 +30,24 @@ class AsyncEngine:
         self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.work = threading.Event()
         self.stopping = False
-        self.to_abort: collections.deque[str] = collections.deque()
-        self.abandoned: set[str] = set()
+        self.inbox: collections.deque[tuple] = collections.deque()    # ("add", id, token_ids, params) | ("abort", id)
+        self.inbox_lock = threading.Lock()     # held only to append, or to close the inbox at shutdown
         self.thread = threading.Thread(target=self._run, name="specwise-engine", daemon=True)
         self.thread.start()
 
     async def generate(self, prompt: Prompt, params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         request_id = request_id or uuid.uuid4().hex
+        # tokenizing a long prompt or a chat template takes a while: not on the event loop
+        token_ids = await asyncio.to_thread(self.engine.prepare, prompt)
         queue: asyncio.Queue = asyncio.Queue()
-        self.queues[request_id] = (asyncio.get_running_loop(), queue)
-        try:
-            # in a worker thread: waiting for the lock (up to one step) must not stall the event loop
-            await asyncio.to_thread(self._add, prompt, params, request_id)
-        except asyncio.CancelledError:     # the add may still land, or already has
-            self.queues.pop(request_id, None)
-            self.abandoned.add(request_id)
-            self.abort(request_id)
-            raise
-        except Exception:                  # refused: nothing was added
-            self.queues.pop(request_id, None)
-            raise
+        with self.inbox_lock:
+            if self.stopping:
+                raise RuntimeError("the engine is shut down")
+            if request_id in self.queues:
+                raise InputError(f"request id {request_id!r} is already in flight")
+            self.queues[request_id] = (asyncio.get_running_loop(), queue)
+            self.inbox.append(("add", request_id, token_ids, params))
         self.work.set()
         finished = False
         try:
@@ -58,18 +62,9 @@ class AsyncEngine:
             if not finished:
                 self.abort(request_id)
 
-    def _add(self, prompt: Prompt, params: SamplingParams, request_id: str) -> None:
-        with self.lock:
-            if self.stopping:
-                raise RuntimeError("the engine is shut down")
-            if request_id in self.abandoned:        # the caller was cancelled before the add ran
-                self.abandoned.discard(request_id)
-                return
-            self.engine.add_request(prompt, params, request_id)
-
     def abort(self, request_id: str) -> None:
-        """Never blocks: the step thread aborts it before its next step."""
-        self.to_abort.append(request_id)
+        """Never blocks: the step thread aborts it before its next step (after its add, if queued)."""
+        self.inbox.append(("abort", request_id))
         self.work.set()
 
     @property
@@ -79,11 +74,7 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self.stopping:
             with self.lock:
-                while self.to_abort:
-                    request_id = self.to_abort.popleft()
-                    if request_id in self.engine.requests:   # it was added: abort it, it needs no skip
-                        self.abandoned.discard(request_id)
-                    self.engine.abort(request_id)
+                self._take_inbox()
                 busy = self.engine.has_unfinished()
                 outputs = self._step() if busy else []
             for output in outputs:
@@ -92,6 +83,18 @@ class AsyncEngine:
                 # a request added after the check above has set the event: wait() returns at once
                 self.work.wait()
                 self.work.clear()
+
+    def _take_inbox(self) -> None:
+        while self.inbox:
+            item = self.inbox.popleft()
+            if item[0] == "abort":
+                self.engine.abort(item[1])
+                continue
+            _, request_id, token_ids, params = item
+            try:
+                self.engine.add_request(token_ids, params, request_id)
+            except InputError as error:
+                self._deliver(request_id, error)
 
     def _step(self) -> list[RequestOutput]:
         try:
@@ -114,8 +117,13 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         """Abort whatever is in flight and stop the step thread."""
-        with self.lock:
+        with self.inbox_lock:
             self.stopping = True
+        with self.lock:
+            while self.inbox:
+                item = self.inbox.popleft()
+                if item[0] == "add":
+                    self._deliver(item[1], RuntimeError("the engine is shut down"))
             for request_id in list(self.engine.requests):
                 self.engine.abort(request_id)
             for output in self.engine.step():   # the "abort" outputs end the streams still listening

@@ -69,6 +69,10 @@ def register_calibrate(subparsers) -> None:
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated")
     parser.add_argument("--tokens-per-seq", default="1,2,3,5,9", help="1 + k values, comma-separated")
     parser.add_argument("--context-lens", default="0,128,512,1024", help="cached tokens per sequence")
+    parser.add_argument("--prefill-tokens", default="256,1024,4096",
+                        help="prompt tokens per timed prefill step, comma-separated (empty: none)")
+    parser.add_argument("--prefill-prompt-len", type=int, default=256,
+                        help="prompt length making up those prefill steps")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per point (median kept)")
     parser.add_argument("--output", default="step-profile.json", help="profile JSON to write")
     parser.set_defaults(handler=run_calibrate)
@@ -79,22 +83,31 @@ def run_calibrate(args) -> int:
     import platform
     from rich.progress import Progress
     from specwise.engine.llm_engine import LLMEngine
-    from specwise.engine.profiler import measure_grid
+    from specwise.engine.profiler import measure_grid, measure_prefill
     axes = [parse_int_list(text, name) for text, name in
             ((args.batch_sizes, "--batch-sizes"), (args.tokens_per_seq, "--tokens-per-seq"),
              (args.context_lens, "--context-lens"))]
+    prefill_tokens = parse_int_list(args.prefill_tokens, "--prefill-tokens") if args.prefill_tokens.strip() else []
     engine = LLMEngine(dataclass_from_args(EngineConfig, args))
     if max(axes[2]) + max(axes[1]) > engine.max_model_len:
         raise ConfigError(f"--context-lens + --tokens-per-seq exceed the context window ({engine.max_model_len})")
+    if not 0 < args.prefill_prompt_len <= engine.max_model_len:
+        raise ConfigError(f"--prefill-prompt-len must be in 1..{engine.max_model_len}, got {args.prefill_prompt_len}")
     with Progress() as progress:
-        task = progress.add_task("timing steps", total=len(axes[0]) * len(axes[1]) * len(axes[2]))
-        seconds = measure_grid(engine.runner, *axes, repeats=args.repeats,
-                               on_point=lambda: progress.advance(task))
+        task = progress.add_task("timing steps", total=len(axes[0]) * len(axes[1]) * len(axes[2]) + len(prefill_tokens))
+        advance = lambda: progress.advance(task)        # noqa: E731
+        seconds = measure_grid(engine.runner, *axes, repeats=args.repeats, on_point=advance)
+        totals, prefill_seconds = measure_prefill(engine.runner, prefill_tokens, args.prefill_prompt_len,
+                                                  args.repeats, advance)
     profile = {"format": "specwise-step-profile", "version": 1,
                "machine": f"{platform.machine()} {platform.processor() or ''} {torch_threads()} threads".strip(),
                "model": f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
                         f"{engine.config.dtype}",
                "batch_sizes": axes[0], "tokens_per_seq": axes[1], "context_lens": axes[2], "seconds": seconds}
+    if totals:
+        profile.update(prefill_tokens=totals, prefill_seconds=prefill_seconds,
+                       prefill_prompt_len=args.prefill_prompt_len)
+    profile["prefill_pads_to_longest"] = True       # the runner pads a step's prompts to the longest
     with open(args.output, "w", encoding="utf-8") as stream:
         json.dump(profile, stream, indent=1)
     print(f"wrote {args.output}: batch 1 decode {seconds[0][0][0] * 1000:.1f} ms/step")

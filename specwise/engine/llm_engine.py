@@ -70,13 +70,18 @@ class LLMEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise InputError(f"request id {request_id!r} is already in flight")
-        token_ids = self.encode(prompt)
-        self._check_prompt_fits(token_ids)
+        token_ids = self.prepare(prompt)
         seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63))
         self.requests[request_id] = seq
         self.outputs.add(seq)
         self.scheduler.add(seq)
         return request_id
+
+    def prepare(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, checked to fit; reads no state a step changes (any thread)."""
+        token_ids = self.encode(prompt)
+        self._check_prompt_fits(token_ids)
+        return token_ids
 
     def encode(self, prompt: Prompt) -> list[int]:
         if not prompt:

@@ -16,8 +16,9 @@ from specwise.sampling_params import SamplingParams
 
 
 def time_step(runner: ModelRunner, batch_size: int, tokens_per_seq: int, context_len: int,
-              repeats: int = 2) -> float:
-    """Median seconds of one step of this shape (after one warm-up run)."""
+              repeats: int = 2, prefill: bool = False) -> float:
+    """Median seconds of one step of this shape (after one warm-up run); a prefill step
+    computes logits at each sequence's last position only, as the engine does."""
     blocks_per_seq = runner.blocks_for(context_len + tokens_per_seq)
     block_tables = [[(row * blocks_per_seq + index) % runner.num_blocks for index in range(blocks_per_seq)]
                     for row in range(batch_size)]
@@ -26,7 +27,7 @@ def time_step(runner: ModelRunner, batch_size: int, tokens_per_seq: int, context
     times = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        logits = runner.forward(token_ids, [context_len] * batch_size, block_tables, last_only=False)
+        logits = runner.forward(token_ids, [context_len] * batch_size, block_tables, last_only=prefill)
         runner.probs(logits, seqs)
         times.append(time.perf_counter() - started)
     return sorted(times[1:])[len(times[1:]) // 2]
@@ -47,3 +48,20 @@ def measure_grid(runner: ModelRunner, batch_sizes: list[int], tokens_per_seq: li
             rows.append(row)
         grid.append(rows)
     return grid
+
+
+def measure_prefill(runner: ModelRunner, total_tokens: list[int], prompt_len: int, repeats: int = 2,
+                    on_point: Callable[[], None] | None = None) -> tuple[list[int], list[float]]:
+    """Prefill steps of about `total` prompt tokens each, made of prompts of `prompt_len` tokens
+    (1024 tokens at prompt_len 256: 4 prompts). Returns the exact totals and their seconds."""
+    totals, seconds = [], []
+    for total in total_tokens:
+        num_prompts = max(1, round(total / prompt_len))
+        length = max(1, total // num_prompts)
+        if totals and num_prompts * length <= totals[-1]:
+            continue                                   # rounds to a total already measured
+        totals.append(num_prompts * length)
+        seconds.append(time_step(runner, num_prompts, length, 0, repeats, prefill=True))
+        if on_point:
+            on_point()
+    return totals, seconds
