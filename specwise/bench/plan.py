@@ -9,8 +9,8 @@ and --duration bound each point.
 import json
 from dataclasses import dataclass, field
 
-from specwise.bench.config import EvaluateConfig
 from specwise.bench.load import LoadPoint, gamma_arrivals, parse_values, take, trace_arrivals
+from specwise.bench.load_config import LoadConfig
 from specwise.bench.rows import BadRows
 from specwise.bench.suite import load_suite, parse_categories
 from specwise.bench.traces import read_trace
@@ -49,7 +49,7 @@ class Plan:
         return sum(1 for offset in offsets if offset < self.duration)
 
 
-def build_plan(config: EvaluateConfig) -> Plan:
+def build_plan(config: LoadConfig) -> Plan:
     workload, info = load_workload(config.workload, config.trace, config.trace_format, config.per_category,
                                    config.skip_bad_rows)
     if config.max_tokens is not None:

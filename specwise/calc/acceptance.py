@@ -143,14 +143,15 @@ def _add(totals: dict, key: str, drafts: float, per_position, steps: float) -> N
 
 def _request_totals(records: list) -> dict:
     """Requests that never drafted still count their steps (the share of steps that drafted)."""
-    counted = [record for record in records if record.drafts is not None]
-    if not any(record.drafts and record.accepted_per_position for record in counted):
-        return {}
     totals: dict = {}
-    for record in counted:
+    for record in records:
+        if record.drafts is None:
+            continue
         steps = _decode_steps(record.output_tokens, record.accepted_tokens or 0)
+        per_position = record.accepted_per_position if record.drafts else None
+        drafts = record.drafts if per_position else 0
         for key in (record.category, "*"):
-            _add(totals, key, record.drafts, record.accepted_per_position or [], steps)
+            _add(totals, key, drafts, per_position or [], steps)
     return {key: value for key, value in totals.items() if value[0] > 0}
 
 

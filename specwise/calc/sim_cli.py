@@ -1,7 +1,7 @@
 """`specwise simulate`: the evaluation, on paper, for any GPU, model and drafter.
 
 Workloads and load points follow `evaluate` (same flags, the same requests per point,
-the same arrival times, the same --duration cut-off: bench/plan.py and bench/load.py
+the same arrival times, the same --duration cut-off: bench/load_config.py, plan.py and load.py
 decide for both); the results directory has evaluate's format, so `specwise report DIR`
 renders it with the same plots and recommendation.
 """
@@ -11,10 +11,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
-from specwise.bench import plan
+from specwise.bench.load_config import LoadConfig, check_positive, help_field
+from specwise.bench.plan import Plan, build_plan
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
@@ -24,43 +26,25 @@ from specwise.calc.simulator import ServerConfig, Simulator
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.errors import ConfigError
 
-def _help(text: str, default=None):
-    return field(default=default, metadata={"help": text})
-
 
 @dataclass
-class SimulateConfig:
+class SimulateConfig(LoadConfig):
     arm: list[str] = field(default_factory=list, metadata={
         "help": "a speculation arm, e.g. draft:k=4,alpha=0.8,drafter=llama-3.2-1b (see docs/calculators.md); "
                 "'off' is always simulated"})
-    workload: str = _help("suite, suite:CAT1,CAT2 or a JSONL workload file", "suite")
-    per_category: int | None = _help("suite prompts per category (default: all)")
-    trace: str | None = _help("replay a production trace: Azure CSV, Mooncake JSONL or BurstGPT CSV")
-    trace_format: str | None = _help("trace format: azure, mooncake or burstgpt (default: detected)")
-    time_scale: float = _help("trace replay speed: 2 replays twice as fast", 1.0)
-    concurrency: str | None = _help("closed-loop concurrency sweep, e.g. 1,4,16,64 (default without --trace)")
-    rate: str | None = _help("open-loop request rates, requests/s, e.g. 0.5,1,2")
-    burstiness: float = _help("arrival burstiness for --rate: 1 = Poisson, < 1 burstier", 1.0)
-    num_requests: int | None = _help("requests per load point (default as evaluate: max(4 x concurrency, 24))")
-    duration: float | None = _help("stop sending new requests after this many seconds per load point, as evaluate's "
-                                   "--duration (requests still running at twice that are cut off)")
-    max_tokens: int | None = _help("cap every request's output length")
-    prompt_tokens: int | None = _help("give every request this prompt length, tokens")
-    prompt_tokens_from: str | None = _help("an evaluate results directory: take each request's prompt length as "
-                                           "counted there (default: estimated from the text, 4 characters a token)")
-    output_tokens: int | None = _help("give every request exactly this output length, tokens")
-    skip_bad_rows: bool = _help("skip malformed workload/trace rows instead of stopping", False)
-    output: str | None = _help("results directory (default: specwise-results/sim-<timestamp>)")
-    seed: int = _help("seed for arrival times and acceptance draws", 0)
+    prompt_tokens: int | None = help_field("give every request this prompt length, tokens")
+    prompt_tokens_from: str | None = help_field(
+        "an evaluate results directory: take each request's prompt length as counted there "
+        "(default: estimated from the text, 4 characters a token)")
+    output_tokens: int | None = help_field("give every request exactly this output length, tokens")
+    output: str | None = help_field("results directory (default: specwise-results/sim-<timestamp>)")
+
+    default_concurrency: ClassVar[str] = "1,4,16,64"
 
     def __post_init__(self):
-        if self.trace is None and self.rate is None and self.concurrency is None:
-            self.concurrency = "1,4,16,64"
-        for name in ("time_scale", "burstiness", "num_requests", "duration", "max_tokens", "prompt_tokens",
-                     "output_tokens", "per_category"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        super().__post_init__()
+        for name in ("prompt_tokens", "output_tokens"):
+            check_positive(self, name)
 
 
 def register_simulate(subparsers) -> None:
@@ -80,18 +64,18 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     arms = [OFF] + [parse_arm(text, cost, deployment) for text in config.arm if text.strip() != "off"]
     if len({arm.name for arm in arms}) != len(arms):
         raise ConfigError("two arms share a name; add name=... to one of them")
-    workload, info = load_workload(config)
-    loads = plan.load_points(config.concurrency, config.rate, config.trace, config.time_scale)
+    plan = build_plan(config)
+    apply_lengths(plan, config)
     started = time.perf_counter()
-    mean_length = sum(prompt_tokens(r)[0] + r.max_tokens for r in workload) / len(workload)
+    mean_length = sum(prompt_tokens(r)[0] + r.max_tokens for r in plan.workload) / len(plan.workload)
     results = [_simulator(arm, cost, deployment, server, config.seed, mean_length).run(
-        plan.point_requests(point, workload, config.num_requests), arm, point, config.burstiness, config.duration)
-        for point in loads for arm in arms]
+        plan.requests(point), arm, point, config.burstiness, config.duration)
+        for point in plan.loads for arm in arms]
     elapsed = time.perf_counter() - started
     out_dir = Path(config.output) if config.output else Path("specwise-results") / time.strftime("sim-%Y%m%d-%H%M%S")
     run_info = {"model": deployment.model.name, "machine": f"simulated: {cost.description}",
                 "arms": [arm.describe() for arm in arms], "baseline": "off",
-                "loads": [dataclasses.asdict(point) for point in loads], "slo": {}, "workload": info,
+                "loads": [dataclasses.asdict(point) for point in plan.loads], "slo": {}, "workload": plan.info,
                 "argv": list(argv if argv is not None else sys.argv[1:]),
                 "simulation": _simulation_info(results, server, elapsed, config),
                 "cut_off": _cut_off(results)}
@@ -112,22 +96,17 @@ def _simulator(arm, cost, deployment: Deployment, server: ServerConfig, seed: in
     return Simulator(cost, server, server.kv_cache_tokens or plan.kv_capacity_tokens, seed=seed)
 
 
-def load_workload(config: SimulateConfig) -> tuple[list, dict]:
-    """The workload as evaluate reads it (suite, JSONL or trace), with the length overrides applied."""
-    workload, info = plan.load_workload(config.workload, config.trace, config.trace_format, config.per_category,
-                                        config.skip_bad_rows)
+def apply_lengths(plan: Plan, config: SimulateConfig) -> None:
+    """The length overrides, applied to the workload evaluate would send (after its --max-tokens cap)."""
     counted = _counted_prompt_tokens(config.prompt_tokens_from) if config.prompt_tokens_from else {}
-    for request in workload:
+    for request in plan.workload:
         if request.prompt_tokens is None:
             request.prompt_tokens = counted.get(request.request_id)
         if config.prompt_tokens is not None:
             request.prompt_tokens = config.prompt_tokens
         if config.output_tokens is not None:
             request.max_tokens = config.output_tokens
-        elif config.max_tokens is not None:
-            request.max_tokens = min(request.max_tokens, config.max_tokens)
-    info["prompt_tokens_estimated"] = sum(1 for request in workload if prompt_tokens(request)[1])
-    return workload, info
+    plan.info["prompt_tokens_estimated"] = sum(1 for request in plan.workload if prompt_tokens(request)[1])
 
 
 def _counted_prompt_tokens(results_dir: str) -> dict[str, int]:

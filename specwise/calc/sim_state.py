@@ -88,10 +88,7 @@ class SimState:
             for _ in range(min(int(self.load.value), len(live))):
                 self._send(self.pending.popleft(), 0.0)
             return
-        unsent = [i for i in self.errors if times[i] >= self.duration]
-        for i in unsent:
-            del self.errors[i]
-        self.send[list(self.errors)] = [times[i] for i in self.errors]
+        self.send[list(self.errors)] = [times[i] if times[i] < self.duration else np.nan for i in self.errors]
         self.arrivals = sorted((times[i], i) for i in live if times[i] < self.duration)
         self.next_arrival = 0
 

@@ -92,7 +92,7 @@ class AsyncEngine:
                 continue
             _, request_id, token_ids, params = item
             try:
-                self.engine.add_request(token_ids, params, request_id)
+                self.engine.add_prepared(token_ids, params, request_id)
             except InputError as error:
                 self._deliver(request_id, error)
 

@@ -66,11 +66,15 @@ class LLMEngine:
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
+        return self.add_prepared(self.prepare(prompt), params, request_id)
+
+    def add_prepared(self, token_ids: list[int], params: SamplingParams | None = None,
+                     request_id: str | None = None) -> str:
+        """Add a prompt that `prepare` has already tokenized and checked."""
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise InputError(f"request id {request_id!r} is already in flight")
-        token_ids = self.prepare(prompt)
         seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63))
         self.requests[request_id] = seq
         self.outputs.add(seq)
