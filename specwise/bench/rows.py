@@ -5,13 +5,16 @@ skip bad rows; then it is counted (and the first few reasons kept) so the run ca
 how much of the input it left out.
 """
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from specwise.errors import InputError
 
 log = logging.getLogger(__name__)
+Row = TypeVar("Row")
 
 
 @dataclass
@@ -48,3 +51,20 @@ def parse_int(value, name: str, minimum: int) -> int:
     if number < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {number}")
     return number
+
+
+def read_jsonl(path: Path, bad_rows: BadRows, parse: Callable[[object, int], Row]) -> list[Row]:
+    """parse(data, line_number) for every non-empty line of a JSON-lines file; a line that is
+    not JSON, or that parse rejects with a ValueError, goes to bad_rows."""
+    rows = []
+    with open(path, encoding="utf-8") as file:
+        for line_number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(parse(json.loads(line), line_number))
+            except json.JSONDecodeError:
+                bad_rows.reject(path, line_number, "not valid JSON")
+            except ValueError as error:
+                bad_rows.reject(path, line_number, str(error))
+    return rows

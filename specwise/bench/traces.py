@@ -13,11 +13,10 @@ Every request gets `arrival_time` in seconds from the first arrival, `prompt_tok
 """
 
 import csv
-import json
 from datetime import datetime
 from pathlib import Path
 
-from specwise.bench.rows import BadRows, parse_int
+from specwise.bench.rows import BadRows, parse_int, read_jsonl
 from specwise.bench.workload import WorkloadRequest
 from specwise.errors import InputError
 
@@ -37,7 +36,7 @@ def read_trace(path, fmt: str | None = None, skip_bad_rows: bool = False,
         raise InputError(f"unknown trace format {fmt!r}; choose one of {', '.join(TRACE_FORMATS)}")
     bad_rows = bad_rows if bad_rows is not None else BadRows(skip=skip_bad_rows)
     bad_rows.skip = bad_rows.skip or skip_bad_rows
-    rows = _read_jsonl_rows(path, bad_rows) if fmt == "mooncake" else _read_csv_rows(path, fmt, bad_rows)
+    rows = read_jsonl(path, bad_rows, _mooncake_row) if fmt == "mooncake" else _read_csv_rows(path, fmt, bad_rows)
     bad_rows.warn_if_any(path)
     if not rows:
         raise InputError(f"{path}: no usable rows in this {fmt} trace")
@@ -103,27 +102,14 @@ def _csv_row(fmt: str, cells: list[str]) -> tuple | None:
     return time, parse_int(prompt, "Request tokens", 1), generated
 
 
-def _read_jsonl_rows(path: Path, bad_rows: BadRows) -> list[tuple]:
-    rows = []
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                if not isinstance(data, dict):
-                    raise ValueError("expected a JSON object")
-                for key in ("timestamp", "input_length", "output_length"):
-                    if key not in data:
-                        raise ValueError(f"missing {key!r}")
-                rows.append((line_number, _seconds(data["timestamp"], "timestamp") / 1000.0,
-                             parse_int(data["input_length"], "input_length", 1),
-                             parse_int(data["output_length"], "output_length", 1)))
-            except json.JSONDecodeError:
-                bad_rows.reject(path, line_number, "not valid JSON")
-            except ValueError as error:
-                bad_rows.reject(path, line_number, str(error))
-    return rows
+def _mooncake_row(data, line_number: int) -> tuple:
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    for key in ("timestamp", "input_length", "output_length"):
+        if key not in data:
+            raise ValueError(f"missing {key!r}")
+    return (line_number, _seconds(data["timestamp"], "timestamp") / 1000.0,
+            parse_int(data["input_length"], "input_length", 1), parse_int(data["output_length"], "output_length", 1))
 
 
 def _seconds(value, name: str) -> float:

@@ -8,10 +8,9 @@ replayed relative to the earliest one) and `id` are optional. Other keys are kep
 `extra`. The built-in suite's data files use this same format.
 """
 
-import json
 from pathlib import Path
 
-from specwise.bench.rows import BadRows, parse_int
+from specwise.bench.rows import BadRows, parse_int, read_jsonl
 from specwise.bench.workload import WorkloadRequest
 from specwise.errors import InputError
 
@@ -26,19 +25,8 @@ def read_workload(path, skip_bad_rows: bool = False, default_category: str = "cu
         raise InputError(f"{path}: no such workload file")
     bad_rows = bad_rows if bad_rows is not None else BadRows(skip=skip_bad_rows)
     bad_rows.skip = bad_rows.skip or skip_bad_rows
-    requests = []
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                requests.append(_request(data, f"{path.stem}:{line_number}", default_category,
-                                         default_max_tokens))
-            except json.JSONDecodeError:
-                bad_rows.reject(path, line_number, "not valid JSON")
-            except ValueError as error:
-                bad_rows.reject(path, line_number, str(error))
+    requests = read_jsonl(path, bad_rows, lambda data, line_number: _request(
+        data, f"{path.stem}:{line_number}", default_category, default_max_tokens))
     bad_rows.warn_if_any(path)
     if not requests:
         raise InputError(f"{path}: no requests in this workload file")
