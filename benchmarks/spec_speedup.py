@@ -45,13 +45,13 @@ from hf_reference import load_hf  # noqa: E402
 from specwise.engine.llm import LLM  # noqa: E402
 from specwise.models.default_model import default_model_path  # noqa: E402
 from specwise.sampling_params import SamplingParams  # noqa: E402
-from specwise.spec.metrics import SpecStats  # noqa: E402
+from specwise.engine.spec_decode.metrics import SpecStats  # noqa: E402
 
 console = Console()
 if not console.is_terminal:          # piped or redirected: do not squeeze the tables into 80 columns
     console = Console(width=200)
 
-# used only if specwise.bench.suite is not there
+# used only if specwise.bench.inputs.suite is not there
 FALLBACK_PROMPTS = {
     "code_editing": [[{"role": "user", "content": (
         "Rename `data` to `readings` everywhere in this function and return the whole function.\n\n"
@@ -137,7 +137,7 @@ def parse_args(argv=None):
 
 def load_requests(tokenizer, categories: list[str], per_category: int, max_new_tokens: int) -> list[Request]:
     try:
-        from specwise.bench.suite import load_suite
+        from specwise.bench.inputs.suite import load_suite
     except ImportError:
         load_suite = None
     requests = []

@@ -20,7 +20,7 @@ import argparse
 import statistics
 
 from specwise.bench.results import read_records, read_run_info
-from specwise.bench.summary import ALL, summarize
+from specwise.bench.report.summary import ALL, summarize
 
 METRICS = (("TPOT mean", lambda m: m.tpot.mean), ("output tok/s", lambda m: m.output_throughput),
            ("acceptance", lambda m: m.acceptance.rate if m.acceptance else None))

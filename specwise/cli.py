@@ -7,7 +7,7 @@ import sys
 from specwise.errors import SpecwiseError
 
 ROOMS = [
-    "specwise.engine.cli",
+    "specwise.engine_cli",
     "specwise.server.cli",
     "specwise.bench.cli",
     "specwise.calc.cli",

@@ -12,7 +12,7 @@ import pytest
 
 from specwise.bench.config import EvaluateConfig
 from specwise.bench.evaluate import evaluate
-from specwise.bench.report import render_report
+from specwise.bench.report.render import render_report
 from specwise.bench.results import read_records, read_run_info
 from specwise.errors import ConfigError
 from test_bench_http import SSEServer

@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specwise.bench.load import LoadPoint
-from specwise.bench.measure import Slot, measure
-from specwise.bench.targets.http import HttpTarget
-from specwise.bench.workload import WorkloadRequest
+from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.load.measure import Slot, measure
+from specwise.bench.load.targets.http import HttpTarget
+from specwise.bench.inputs.request import WorkloadRequest
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -216,7 +216,7 @@ def test_server_counters_are_differenced():
         await target.close()
         return before, after
 
-    from specwise.bench.targets.prometheus import difference
+    from specwise.bench.load.targets.prometheus import difference
     with SSEServer(tokens_per_chunk=3, accept_per_draft=1) as server:
         run_one(HttpTarget("x", server.url), request(max_tokens=6))     # traffic before the point
         before, after = asyncio.run(go(server))
@@ -245,7 +245,7 @@ def test_load_point_label():
 def test_without_usage_the_local_tokenizer_counts(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from specwise.bench.tokenizer import LocalTokenizer
+    from specwise.bench.load.token_counter import LocalTokenizer
     words = Tokenizer(models.WordLevel({"w": 0, "one": 1, "[UNK]": 2}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     words.save(str(tmp_path / "tokenizer.json"))
@@ -275,7 +275,7 @@ def test_per_request_counters_from_our_servers_last_chunk():
 
 
 def test_error_bodies_of_openai_and_vllm_shapes():
-    from specwise.bench.targets.http import _error_text
+    from specwise.bench.load.targets.http import _error_text
     assert _error_text('{"error": {"message": "model not found", "code": 404}}') == "model not found"
     assert _error_text('{"object": "error", "message": "max_tokens too large", "code": 400}') == "max_tokens too large"
     assert _error_text("<html>Bad Gateway</html>") == "<html>Bad Gateway</html>"

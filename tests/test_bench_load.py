@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from specwise.bench.load import closed_loop, gamma_arrivals, open_loop, parse_values, take, trace_arrivals
-from specwise.bench.workload import WorkloadRequest
+from specwise.bench.load.arrivals import closed_loop, gamma_arrivals, open_loop, parse_values, take, trace_arrivals
+from specwise.bench.inputs.request import WorkloadRequest
 from specwise.errors import ConfigError
 
 WORKLOAD = [WorkloadRequest(f"q{i}", "chat", prompt="p") for i in range(3)]

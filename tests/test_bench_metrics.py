@@ -2,9 +2,9 @@
 
 import pytest
 
-from specwise.bench.metrics import acceptance, itl_gaps, percentile, point_metrics, request_tpot, stats, window
+from specwise.bench.load.metrics import acceptance, itl_gaps, percentile, point_metrics, request_tpot, stats, window
 from specwise.bench.results import RequestRecord
-from specwise.bench.slo import SLO, parse_slo
+from specwise.bench.load.slo import SLO, parse_slo
 from specwise.errors import ConfigError
 
 

@@ -2,9 +2,9 @@
 
 import io
 
-from specwise.bench.load import LoadPoint
-from specwise.bench.metrics import point_metrics
-from specwise.bench.progress import LiveView, PlainView, make_view
+from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.load.metrics import point_metrics
+from specwise.bench.load.progress import LiveView, PlainView, make_view
 from specwise.bench.results import RequestRecord
 
 

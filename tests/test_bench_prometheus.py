@@ -4,8 +4,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from specwise.bench.targets.base import ServerAcceptance
-from specwise.bench.targets.prometheus import acceptance_from_samples, difference, parse_exposition
+from specwise.bench.load.targets.base import ServerAcceptance
+from specwise.bench.load.targets.prometheus import acceptance_from_samples, difference, parse_exposition
 
 VLLM = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

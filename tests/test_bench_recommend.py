@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from specwise.bench.metrics import PointMetrics, Stats
-from specwise.bench.recommend import contiguous_ranges, crossover, recommend
-from specwise.bench.summary import ALL, Row, Summary, add_speedups
+from specwise.bench.load.metrics import PointMetrics, Stats
+from specwise.bench.report.recommend import contiguous_ranges, crossover, recommend
+from specwise.bench.report.summary import ALL, Row, Summary, add_speedups
 
 LOADS = [1, 2, 4, 8, 16]
 # mean TPOT (ms) and output throughput (tok/s) per concurrency
@@ -27,7 +27,7 @@ CATEGORIES = {"code_editing": (40, 20, 0.8), "chat": (40, 39, 0.2)}
 
 
 def metrics(tpot_ms: float, throughput: float, acceptance_rate=None) -> PointMetrics:
-    from specwise.bench.metrics import acceptance_stats
+    from specwise.bench.load.metrics import acceptance_stats
     accepted = None if acceptance_rate is None else acceptance_stats(100, 400, 400 * acceptance_rate)
     return PointMetrics(requests=10, completed=10, errors=0, error_kinds={}, window=10.0, ttft=Stats(),
                         tpot=Stats(count=10, mean=tpot_ms / 1000), itl=Stats(), e2e=Stats(), prompt_tokens=0,
@@ -96,7 +96,7 @@ def test_best_arm_per_load(recommendation):
 
 
 def test_server_configs_with_batch_size_table(recommendation):
-    from specwise.spec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N
+    from specwise.engine.spec_decode.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N
     ngram = next(c for c in recommendation.configs if c["spec"] == "ngram")
     assert ngram["k"] == 4 and ngram["pays"]
     assert ngram["batch_size_table"] == [[1, 7, 4], [8, 15, 2], [16, 64, 0]]
@@ -112,7 +112,7 @@ def test_server_configs_with_batch_size_table(recommendation):
 
 
 def test_draft_model_flags():
-    from specwise.bench.server_configs import sglang_flags, vllm_config
+    from specwise.bench.report.server_configs import sglang_flags, vllm_config
     vllm = vllm_config("draft:/models/small", "draft", 3, [])
     assert vllm["vllm"] == {"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 3}
     assert vllm["vllm_dynamic"] is None

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from specwise.bench.report import render_report
+from specwise.bench.report.render import render_report
 from specwise.bench.results import RequestRecord, read_records, read_run_info, write_run_info
-from specwise.bench.summary import summarize
+from specwise.bench.report.summary import summarize
 from specwise.errors import InputError
 
 ARMS = [{"name": "off", "method": "off", "spec": None, "k": 0},

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from specwise.bench.rows import BadRows
-from specwise.bench.traces import detect_format, read_trace
+from specwise.bench.inputs.bad_rows import BadRows
+from specwise.bench.inputs.traces import detect_format, read_trace
 from specwise.errors import InputError
 
 AZURE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"

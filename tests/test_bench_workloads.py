@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from specwise.bench.rows import BadRows
-from specwise.bench.suite import CATEGORIES, category_text, load_suite, parse_categories
-from specwise.bench.synth import CHARS_PER_TOKEN, synthesize_prompts
-from specwise.bench.workload import WorkloadRequest
-from specwise.bench.workloads import read_workload
+from specwise.bench.inputs.bad_rows import BadRows
+from specwise.bench.inputs.suite import CATEGORIES, category_text, load_suite, parse_categories
+from specwise.bench.inputs.synthetic import CHARS_PER_TOKEN, synthesize_prompts
+from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.inputs.workload_file import read_workload
 from specwise.errors import InputError
 
 

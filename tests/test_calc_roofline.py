@@ -8,7 +8,7 @@ import pytest
 from specwise.calc.catalog import GIB
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.latency import LatencyConfig, estimate_latency
-from specwise.calc.profile import ProfileCost
+from specwise.engine.step_profile import ProfileCost
 from specwise.calc.roofline import RooflineCost
 from specwise.errors import ConfigError, InputError
 

@@ -4,15 +4,15 @@
 import numpy as np
 import pytest
 
-from specwise.bench.load import DRAIN_FACTOR, LoadPoint
+from specwise.bench.load.arrivals import DRAIN_FACTOR, LoadPoint
 from specwise.bench.results import RequestRecord
-from specwise.bench.workload import WorkloadRequest
+from specwise.bench.inputs.request import WorkloadRequest
 from specwise.calc.acceptance import measured_acceptance
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
-from specwise.calc.profile import ProfileCost
-from specwise.calc.sim_records import build_records
-from specwise.calc.simulator import ServerConfig, Simulator
+from specwise.engine.step_profile import ProfileCost
+from specwise.sim.records import build_records
+from specwise.sim.simulator import ServerConfig, Simulator
 from specwise.errors import ConfigError
 
 DEPLOYMENT = Deployment.from_config(DeploymentConfig(model="smollm2-135m", gpu="h100-sxm"))

@@ -7,19 +7,19 @@ import json
 import numpy as np
 import pytest
 
-from specwise.bench.load import LoadPoint, gamma_arrivals
+from specwise.bench.load.arrivals import LoadPoint, gamma_arrivals
 from specwise.bench.results import RequestRecord, read_records, read_run_info
-from specwise.bench.summary import summarize
-from specwise.bench.workload import WorkloadRequest
+from specwise.bench.report.summary import summarize
+from specwise.bench.inputs.request import WorkloadRequest
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.latency import LatencyConfig, estimate_latency
 from specwise.calc.roofline import RooflineCost
-from specwise.calc.sim_cli import point_figures
-from specwise.calc.sim_records import build_records, write_results
-from specwise.calc.sim_state import SimState
-from specwise.calc.sim_workload import prompt_tokens
-from specwise.calc.simulator import ServerConfig, Simulator
+from specwise.sim.cli import point_figures
+from specwise.sim.records import build_records, write_results
+from specwise.sim.state import SimState
+from specwise.sim.workload import prompt_tokens
+from specwise.sim.simulator import ServerConfig, Simulator
 
 DEPLOYMENT = Deployment.from_config(DeploymentConfig(model="llama-3.1-8b", gpu="h100-sxm"))
 COST = RooflineCost(DEPLOYMENT)

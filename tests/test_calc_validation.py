@@ -10,16 +10,16 @@ The pure roofline (no per-pass overheads) overstates the low-QPS gain; the direc
 import numpy as np
 import pytest
 
-from specwise.bench.load import LoadPoint
-from specwise.bench.metrics import point_metrics
-from specwise.bench.slo import SLO
-from specwise.bench.traces import read_trace
-from specwise.bench.workload import WorkloadRequest
+from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.load.metrics import point_metrics
+from specwise.bench.load.slo import SLO
+from specwise.bench.inputs.traces import read_trace
+from specwise.bench.inputs.request import WorkloadRequest
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
-from specwise.calc.sim_records import build_records
-from specwise.calc.simulator import ServerConfig, Simulator
+from specwise.sim.records import build_records
+from specwise.sim.simulator import ServerConfig, Simulator
 
 AZURE_CONV = "/work/shared/traces/azure-llm-2023/conv.csv"
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specwise.calc.profile import ProfileCost
+from specwise.engine.step_profile import ProfileCost
 from specwise.cli import main
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
 

@@ -8,7 +8,7 @@ import torch
 from conftest import TINY_ENGINE
 from specwise.config import EngineConfig
 from specwise.engine.llm import LLM
-from specwise.engine.sampler import logits_to_probs, sample
+from specwise.engine.sampling.sampler import logits_to_probs, sample
 from specwise.errors import ConfigError, InputError
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specwise.spec.ngram import NgramProposer
+from specwise.engine.spec_decode.ngram import NgramProposer
 
 
 @dataclass

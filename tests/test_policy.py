@@ -3,7 +3,7 @@
 import pytest
 
 from specwise.errors import ConfigError
-from specwise.spec.policy import AutoPolicy, StaticPolicy, TablePolicy
+from specwise.engine.spec_decode.policy import AutoPolicy, StaticPolicy, TablePolicy
 
 
 def memory_then_compute_bound(batch_size: int, tokens_per_seq: int, context_len: int) -> float:

@@ -16,9 +16,9 @@ Verifiers with a planted bug fail the same check.
 import pytest
 import torch
 
-from specwise.engine.sampler import logits_to_probs
-from specwise.spec.proposer import Proposal
-from specwise.spec.rejection import accept_and_resample, rejection_sample, sample_with_uniforms
+from specwise.engine.sampling.sampler import logits_to_probs
+from specwise.engine.spec_decode.proposer import Proposal
+from specwise.engine.sampling.rejection import accept_and_resample, rejection_sample, sample_with_uniforms
 
 VOCAB_SIZE = 6
 SEQ_LEN = 3

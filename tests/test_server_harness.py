@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 from tiny_models import tiny_checkpoint
 
-from specwise.bench.targets.prometheus import parse_exposition
+from specwise.bench.load.targets.prometheus import parse_exposition
 from specwise.config import EngineConfig
 from specwise.engine.async_engine import AsyncEngine
 from specwise.engine.llm_engine import LLMEngine

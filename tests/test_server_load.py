@@ -33,7 +33,10 @@ def test_stream_disconnect_aborts_and_frees_blocks(server):
     assert metric(after, "specwise:num_requests_admitted") == 0
 
 
-def test_non_streaming_disconnect_aborts(server):
+def test_non_streaming_disconnect_aborts(server, monkeypatch):
+    # each step at least 50 ms, so 200 tokens (at most 5 a step) outlast the 0.5 s read timeout
+    step = server.engine.step
+    monkeypatch.setattr(server.engine, "step", lambda: (time.sleep(0.05), step())[1])
     aborted = metric(server.metrics(), "specwise:requests_finished_total", finish_reason="abort")
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 200, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):

@@ -3,7 +3,7 @@
 import pytest
 
 from specwise.errors import ConfigError
-from specwise.spec.config import SpeculativeConfig
+from specwise.engine.spec_decode.config import SpeculativeConfig
 
 
 def test_off_when_absent_or_none():

@@ -35,7 +35,7 @@ from specwise.engine.llm_engine import LLMEngine
 from specwise.models.config import ModelConfig
 from specwise.models.loader import load_checkpoint
 from specwise.sampling_params import SamplingParams
-from specwise.spec.metrics import SpecStats
+from specwise.engine.spec_decode.metrics import SpecStats
 from tiny_checkpoints import make_tiny_hf_config, write_hf_checkpoint
 from tiny_models import random_weights
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specwise.spec.metrics import SpecStats
+from specwise.engine.spec_decode.metrics import SpecStats
 
 
 def docstring_example() -> SpecStats:

@@ -40,13 +40,13 @@ import torch
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine, build_model
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.sampler import logits_to_probs
+from specwise.engine.sampling.sampler import logits_to_probs
 from specwise.models.config import ModelConfig
 from specwise.models.loader import load_checkpoint
 from specwise.sampling_params import SamplingParams
-from specwise.spec import rejection
-from specwise.spec.metrics import SpecStats
-from specwise.spec.ngram import NgramProposer
+from specwise.engine.sampling import rejection
+from specwise.engine.spec_decode.metrics import SpecStats
+from specwise.engine.spec_decode.ngram import NgramProposer
 from tiny_checkpoints import make_tiny_hf_config, write_hf_checkpoint
 from tiny_models import random_weights
 

@@ -4,8 +4,8 @@ import argparse
 import sys
 
 from specwise.bench.config import EvaluateConfig
-from specwise.bench.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFAULT_THROUGHPUT_FLOOR
-from specwise.bench.summary import LATENCY_KEYS
+from specwise.bench.report.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFAULT_THROUGHPUT_FLOOR
+from specwise.bench.report.summary import LATENCY_KEYS
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
 
@@ -52,7 +52,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from specwise.bench.report import render_report
+    from specwise.bench.report.render import render_report
     _print_report(render_report(args.results, args.pay_metric, args.margin, args.throughput_floor))
     return 0
 

@@ -2,12 +2,12 @@
 
 from dataclasses import dataclass, field
 
-from specwise.bench.load_config import LoadConfig, check_positive, help_field
-from specwise.bench.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFAULT_THROUGHPUT_FLOOR
-from specwise.bench.slo import parse_slo
-from specwise.bench.suite import CATEGORIES
-from specwise.bench.summary import LATENCY_KEYS
-from specwise.bench.targets.http import APIS
+from specwise.bench.load.config import LoadConfig, check_positive, help_field
+from specwise.bench.report.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFAULT_THROUGHPUT_FLOOR
+from specwise.bench.load.slo import parse_slo
+from specwise.bench.inputs.suite import CATEGORIES
+from specwise.bench.report.summary import LATENCY_KEYS
+from specwise.bench.load.targets.http import APIS
 from specwise.errors import ConfigError
 
 # --quick: concurrency 1 to 16, two prompts per category, short outputs, sending stops

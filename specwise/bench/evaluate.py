@@ -13,17 +13,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwise.bench.arms import ArmSpec, parse_endpoints, parse_methods
+from specwise.bench.load.arms import ArmSpec, parse_endpoints, parse_methods
 from specwise.bench.config import EvaluateConfig
-from specwise.bench.plan import Plan, build_plan
-from specwise.bench.progress import make_view
-from specwise.bench.report import ReportFiles, render_report
+from specwise.bench.load.plan import Plan, build_plan
+from specwise.bench.load.progress import make_view
+from specwise.bench.report.render import ReportFiles, render_report
 from specwise.bench.results import read_records, write_run_info
-from specwise.bench.runner import Runner
-from specwise.bench.slo import parse_slo
-from specwise.bench.synth import synthesize_prompts
-from specwise.bench.targets.http import HttpTarget
-from specwise.bench.tokenizer import LocalTokenizer
+from specwise.bench.load.runner import Runner
+from specwise.bench.load.slo import parse_slo
+from specwise.bench.inputs.synthetic import synthesize_prompts
+from specwise.bench.load.targets.http import HttpTarget
+from specwise.bench.load.token_counter import LocalTokenizer
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError
 
@@ -94,7 +94,7 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig, specs: list[ArmSp
                               timeout=config.request_timeout, headers=headers) for spec in specs]
         tokenizer = LocalTokenizer(config.tokenizer) if config.tokenizer else None
         return Arms(specs, targets, tokenizer, None, config.served_model or "served by the endpoints")
-    from specwise.bench.targets.engine import build_engine_targets
+    from specwise.bench.load.targets.engine import build_engine_targets
     targets, tokenizer, async_engine = build_engine_targets(engine_config, specs, config.temperature, config.seed,
                                                             checkpoint)
     return Arms(specs, targets, tokenizer, async_engine.engine.max_model_len,

@@ -24,7 +24,7 @@ from specwise.calc.catalog import get_model
 from specwise.calc.deployment import Deployment
 from specwise.calc.drafter import DraftCost, KPolicy, ModelDraftCost, NoDraftCost, RelativeDraftCost
 from specwise.calc.roofline import RooflineCost
-from specwise.calc.stepcost import StepCostModel
+from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 DEFAULT_K = 4             # as the engine's --num-speculative-tokens

@@ -5,7 +5,7 @@ import argparse
 from specwise.calc.catalog import gpu_names, get_gpu, get_model, model_names
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.latency import LatencyConfig, estimate_latency
-from specwise.calc.profile import ProfileCost
+from specwise.engine.step_profile import ProfileCost
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.speedup import SpeedupConfig, best_row, minimum_alpha, speedup_table
 from specwise.calc.throughput import (ThroughputConfig, batch_grid, describe_switches, max_batch, switches,
@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     _add(calculators, "throughput", _throughput, "tokens/s against batch size with and without speculation",
          DeploymentConfig, ThroughputConfig, profile=True)
     _add(calculators, "catalog", _catalog, "the GPUs and models in the catalog, with sources")
-    from specwise.calc.sim_cli import register_simulate
+    from specwise.sim.cli import register_simulate
     register_simulate(subparsers)
 
 
@@ -39,7 +39,7 @@ def _add(subparsers, name, handler, help_text, *configs, profile=False):
 
 def add_profile_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None,
-                        help="measured step-time profile JSON (see specwise/calc/profile.py) instead of the roofline")
+                        help="measured step-time profile JSON (see specwise/engine/step_profile.py) instead of the roofline")
 
 
 def target_cost(args, deployment: Deployment):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specwise.calc.stepcost import StepCostModel
+from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 

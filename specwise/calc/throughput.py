@@ -20,7 +20,7 @@ import numpy as np
 
 from specwise.calc.arms import SpecArm, build_arm
 from specwise.calc.deployment import Deployment
-from specwise.calc.stepcost import StepCostModel
+from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 

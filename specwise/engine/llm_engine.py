@@ -24,8 +24,8 @@ from specwise.models.llama import LlamaForCausalLM
 from specwise.models.loader import Checkpoint, load_checkpoint
 from specwise.models.rope import RotaryEmbedding
 from specwise.sampling_params import SamplingParams
-from specwise.spec.factory import build_policy, build_proposer
-from specwise.spec.metrics import SpecStats
+from specwise.engine.spec_decode.factory import build_policy, build_proposer
+from specwise.engine.spec_decode.metrics import SpecStats
 
 Prompt = str | list[int] | list[dict]
 

@@ -7,13 +7,13 @@ Keys are gathered from the paged cache by position (see models/attention.py).
 
 import torch
 
-from specwise.engine.sampler import logits_to_probs
+from specwise.engine.sampling.sampler import logits_to_probs
 from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
 from specwise.models.attention import AttentionMetadata
 from specwise.models.llama import LlamaForCausalLM
-from specwise.spec.proposer import Proposal
-from specwise.spec.rejection import greedy_accept, rejection_sample
+from specwise.engine.spec_decode.proposer import Proposal
+from specwise.engine.sampling.rejection import greedy_accept, rejection_sample
 
 
 def kv_block_bytes(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from specwise.spec.metrics import SpecStats
+from specwise.engine.spec_decode.metrics import SpecStats
 
 
 @dataclass

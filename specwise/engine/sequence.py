@@ -4,7 +4,7 @@ import enum
 import itertools
 
 from specwise.sampling_params import SamplingParams
-from specwise.spec.metrics import SpecStats
+from specwise.engine.spec_decode.metrics import SpecStats
 
 
 class SequenceStatus(enum.Enum):

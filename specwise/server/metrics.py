@@ -4,7 +4,7 @@ Request-side figures (counts by HTTP status and finish reason, tokens, TTFT / TP
 are recorded as requests run. Engine-side figures (running / waiting requests, KV blocks,
 speculative counters, the current k) are read from the engine at scrape time. The
 speculative counters mean what vLLM's `vllm:spec_decode_*` counters mean, with the
-definitions of `specwise.spec.metrics`: a draft is one verification step of one sequence
+definitions of `specwise.engine.spec_decode.metrics`: a draft is one verification step of one sequence
 that carried draft tokens; accepted_per_pos{position=i} counts drafts that accepted
 position i. Each engine-side field is read without the engine lock: every counter is
 monotonic on its own, and they agree with each other whenever the engine is idle.

@@ -1,7 +1,7 @@
 """Response bodies and stream chunks of the completions and chat APIs, as plain dicts.
 
 Every answer carries a `specwise` object with the request's acceptance figures (the
-definitions of `specwise.spec.metrics`): in the body of a non-streamed answer, and in the
+definitions of `specwise.engine.spec_decode.metrics`): in the body of a non-streamed answer, and in the
 stream chunk that carries finish_reason.
 """
 
@@ -10,7 +10,7 @@ import uuid
 from abc import ABC, abstractmethod
 
 from specwise.engine.outputs import RequestOutput
-from specwise.spec.metrics import SpecStats
+from specwise.engine.spec_decode.metrics import SpecStats
 
 
 def usage(output: RequestOutput) -> dict:

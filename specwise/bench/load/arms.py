@@ -1,0 +1,82 @@
+"""Arms: what is compared side by side.
+
+In-process methods, `--methods off,ngram,draft:PATH,layer_skip:L`; an optional `@k`
+suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise
+--num-speculative-tokens applies. Endpoints, `--endpoint NAME=URL` (repeatable); the
+method is read from the name (`vllm-off`, `sglang-eagle`, `ngram`...), "http" if none.
+"""
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specwise.errors import ConfigError
+
+_OFF_WORDS = ("off", "base", "baseline", "nospec", "no-spec", "plain")
+
+
+@dataclass
+class ArmSpec:
+    name: str
+    method: str             # off, ngram, draft, layer_skip (in-process); also eagle, medusa, http (endpoints)
+    spec: str | None        # engine drafter string ("ngram", "draft:PATH", ...); None = off
+    k: int | None           # draft tokens per step; 0 for off; None if unknown (endpoints)
+    url: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_methods(text: str, default_k: int) -> list[ArmSpec]:
+    arms = [_method_arm(part.strip(), default_k) for part in text.split(",") if part.strip()]
+    if not arms:
+        raise ConfigError("--methods: give at least one method, e.g. off,ngram")
+    return _unique(arms)
+
+
+def parse_endpoints(values: list[str]) -> list[ArmSpec]:
+    arms = []
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not name.strip() or not url.strip():
+            raise ConfigError(f"--endpoint: expected NAME=URL, got {value!r}")
+        name = name.strip()
+        method = infer_method(name)
+        arms.append(ArmSpec(name=name, method=method, spec=None if method in ("off", "http") else method,
+                            k=0 if method == "off" else None, url=url.strip()))
+    return _unique(arms)
+
+
+def infer_method(name: str) -> str:
+    words = name.lower().replace("_", "-").split("-")
+    if any(word in _OFF_WORDS for word in words):
+        return "off"
+    for method in ("ngram", "draft", "eagle", "medusa"):
+        if any(word.startswith(method) for word in words):
+            return method
+    return "layer_skip" if "layer-skip" in name.lower().replace("_", "-") else "http"
+
+
+def _method_arm(text: str, default_k: int) -> ArmSpec:
+    spec, _, k_text = text.rpartition("@") if "@" in text else (text, "", "")
+    k = _k(k_text, text) if k_text else default_k
+    if spec.strip().lower() in ("off", "none"):
+        return ArmSpec(name="off", method="off", spec=None, k=0)
+    from specwise.engine.spec_decode.config import SpeculativeConfig     # imports torch: in-process arms only
+    parsed = SpeculativeConfig.parse(spec, k)               # the engine's own check of the drafter text
+    argument = spec.partition(":")[2]
+    label = parsed.method if not argument else f"{parsed.method}-{Path(argument).name or argument}"
+    return ArmSpec(name=f"{label}-k{k}", method=parsed.method, spec=spec, k=k)
+
+
+def _k(text: str, arm: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 16:
+        raise ConfigError(f"--methods: {arm!r}: @k must be an integer in 1..16")
+    return int(text)
+
+
+def _unique(arms: list[ArmSpec]) -> list[ArmSpec]:
+    names = [arm.name for arm in arms]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigError(f"arm given twice: {', '.join(duplicates)}")
+    return arms

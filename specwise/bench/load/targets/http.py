@@ -1,0 +1,142 @@
+"""Any OpenAI-compatible endpoint (vLLM, SGLang, our own server) as an evaluation target.
+
+Streams `/v1/completions` or `/v1/chat/completions` with `stream_options.include_usage`,
+reads the server-sent events up to `data: [DONE]`, and turns transport failures, HTTP
+errors and error objects inside the stream into TargetError (counted, never a crash).
+Our own server adds the request's speculative counters to its last chunk
+(`"specwise": {"speculative": true, "drafts": ..., ...}`): read as per-request acceptance.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import httpx
+
+from specwise.bench.load.targets.base import (Acceptance, ServerAcceptance, StreamEvent, TargetError, TokenChunk,
+                                         Usage)
+from specwise.bench.load.targets.prometheus import scrape
+from specwise.bench.inputs.request import WorkloadRequest
+from specwise.errors import ConfigError
+
+APIS = ("auto", "completions", "chat")
+
+
+@dataclass
+class HttpTarget:
+    name: str
+    base_url: str
+    method: str = "http"
+    api: str = "auto"                   # auto: chat for requests with messages, else completions
+    model: str | None = None            # None: the first id from GET /v1/models
+    temperature: float = 0.0
+    timeout: float = 300.0
+    metrics_url: str | None = None      # None: <base>/metrics
+    headers: dict = field(default_factory=dict)
+    _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.api not in APIS:
+            raise ConfigError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"endpoint {self.name!r}: URL must start with http:// or https://, "
+                              f"got {self.base_url!r}")
+        self.root = self.base_url.rstrip("/").removesuffix("/v1")
+        self.metrics_url = self.metrics_url or f"{self.root}/metrics"
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout, connect=10.0), headers=self.headers,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        if self.model is None:
+            self.model = await self._first_model()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def server_acceptance(self) -> ServerAcceptance | None:
+        return await scrape(self._client, self.metrics_url)
+
+    async def stream(self, request: WorkloadRequest) -> AsyncIterator[StreamEvent]:
+        chat = self.api == "chat" or (self.api == "auto" and request.messages is not None)
+        url = f"{self.root}/v1/{'chat/completions' if chat else 'completions'}"
+        try:
+            async with self._client.stream("POST", url, json=self._body(request, chat)) as response:
+                if response.status_code >= 400:
+                    detail = (await response.aread()).decode("utf-8", "replace")
+                    raise TargetError(f"HTTP {response.status_code}: {_short(_error_text(detail))}")
+                async for event in self._events(response, chat):
+                    yield event
+        except httpx.ConnectError:
+            raise TargetError(f"cannot connect to {self.root}") from None
+        except httpx.TimeoutException as error:
+            raise TargetError(f"timed out ({type(error).__name__}) after {self.timeout:g}s limit") from None
+        except httpx.HTTPError as error:
+            raise TargetError(f"{type(error).__name__}: {_short(str(error))}") from None
+
+    async def _events(self, response: httpx.Response, chat: bool) -> AsyncIterator[StreamEvent]:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                payload = json.loads(data)
+            except json.JSONDecodeError:
+                payload = None
+            if not isinstance(payload, dict):
+                raise TargetError(f"malformed event in stream: {_short(data)}")
+            if payload.get("error") or payload.get("object") == "error":
+                raise TargetError(f"error in stream: {_short(_error_text(data))}")
+            for choice in payload.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                if text:
+                    yield TokenChunk(time=time.perf_counter(), text=text)
+            usage = payload.get("usage")
+            if usage:
+                yield Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            counters = payload.get("specwise")
+            if isinstance(counters, dict) and counters.get("speculative"):
+                yield Acceptance(counters["drafts"], counters["draft_tokens"], counters["accepted_tokens"],
+                                 list(counters.get("accepted_per_position") or []))
+        raise TargetError("stream ended without data: [DONE]")
+
+    def _body(self, request: WorkloadRequest, chat: bool) -> dict:
+        body = {"max_tokens": request.max_tokens, "temperature": self.temperature, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if self.model:
+            body["model"] = self.model
+        if chat:
+            body["messages"] = request.messages or [{"role": "user", "content": request.prompt}]
+        else:
+            body["prompt"] = request.prompt or "\n\n".join(m["content"] for m in request.messages)
+        if request.ignore_eos:
+            body.update(ignore_eos=True, min_tokens=request.max_tokens)
+        return body
+
+    async def _first_model(self) -> str | None:
+        try:
+            response = await self._client.get(f"{self.root}/v1/models", timeout=10.0)
+            return response.json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return None
+
+
+def _error_text(body: str) -> str:
+    """The message of an error object, {"error": {"message": ...}} (OpenAI) or
+    {"object": "error", "message": ...} (vLLM), else the body itself."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    error = data.get("error", data) if isinstance(data, dict) else data
+    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,87 @@
+"""Ready-to-paste serving configuration for a drafter that paid in the evaluation.
+
+vLLM: `--speculative-config` JSON (method ngram / draft_model / eagle / medusa,
+num_speculative_tokens; for n-gram prompt_lookup_min/max = our n-gram sizes). The dynamic variant adds
+`num_speculative_tokens_per_batch_size`, a list of [lo, hi, k] batch-size ranges
+(k = 0 turns speculation off in that range); it needs a vLLM release with dynamic
+speculative decoding.
+SGLang: `--speculative-algorithm NGRAM | STANDALONE | EAGLE` with a chain of k drafts:
+`--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
+(the draft-token count includes the verified root token).
+"""
+
+import json
+
+_VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "medusa": "medusa"}
+_SGLANG_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE"}
+NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
+                                      "the closest there is a small draft model or EAGLE heads."}
+
+
+def batch_size_table(arms, max_batch: int) -> list[list[int]]:
+    """[(k, verdict)] for one drafter at several k -> [[lo, hi, k], ...] over batch sizes.
+
+    At each measured concurrency the k of the paying arm with the best speedup wins,
+    k = 0 where none pays; a point's range runs up to the next measured concurrency.
+    Empty when no arm pays anywhere or k is unknown. Concurrency stands in for batch
+    size (a batch never holds more sequences than there are requests in flight).
+    """
+    arms = [(k, verdict) for k, verdict in arms if k]
+    loads = sorted({load for _, verdict in arms for load in verdict.speedup})
+    chosen = []
+    for load in loads:
+        paying = [(verdict.speedup[load], k) for k, verdict in arms if load in verdict.pays_at]
+        chosen.append(max(paying)[1] if paying else 0)
+    if not any(chosen):
+        return []
+    table = []
+    for index, (load, k) in enumerate(zip(loads, chosen)):
+        lo = 1 if index == 0 else int(load)
+        hi = int(loads[index + 1]) - 1 if index + 1 < len(loads) else max(max_batch, int(load))
+        if table and table[-1][2] == k:
+            table[-1][1] = hi
+        else:
+            table.append([lo, hi, k])
+    return table
+
+
+def vllm_config(spec: str, method: str, k: int, table: list[list[int]]) -> dict:
+    base = _vllm_base(spec, method, k)
+    if base is None:
+        return {"vllm": None, "vllm_dynamic": None,
+                "vllm_note": NO_SERVER_EQUIVALENT.get(method, f"no vLLM equivalent known for {spec}")}
+    dynamic = None
+    if table and len({row[2] for row in table}) > 1:
+        dynamic = dict(base, num_speculative_tokens=max(row[2] for row in table),
+                       num_speculative_tokens_per_batch_size=table)
+    return {"vllm": base, "vllm_dynamic": dynamic,
+            "vllm_args": f"--speculative-config '{json.dumps(base)}'",
+            "vllm_dynamic_args": f"--speculative-config '{json.dumps(dynamic)}'" if dynamic else None,
+            "vllm_note": "" if dynamic is None else
+            "The batch-size table needs a vLLM release with dynamic speculative decoding; "
+            "older releases reject the key: use the fixed config there."}
+
+
+def sglang_flags(spec: str, method: str, k: int) -> dict:
+    argument = spec.partition(":")[2]
+    if method == "ngram":
+        return {"sglang": f"--speculative-algorithm NGRAM --speculative-num-draft-tokens {k + 1}",
+                "sglang_note": ""}
+    if method in _SGLANG_ALGORITHMS and argument:
+        return {"sglang": (f"--speculative-algorithm {_SGLANG_ALGORITHMS[method]} "
+                           f"--speculative-draft-model-path {argument} --speculative-num-steps {k} "
+                           f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"),
+                "sglang_note": ""}
+    return {"sglang": None, "sglang_note": NO_SERVER_EQUIVALENT.get(method, f"no SGLang equivalent known for {spec}")}
+
+
+def _vllm_base(spec: str, method: str, k: int) -> dict | None:
+    argument = spec.partition(":")[2]
+    if method == "ngram":
+        from specwise.engine.spec_decode.config import SpeculativeConfig     # imports torch: only when needed
+        sizes = SpeculativeConfig.parse(spec, k)
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": sizes.ngram_min_n,
+                "prompt_lookup_max": sizes.ngram_max_n}
+    if method in _VLLM_METHODS and argument:
+        return {"method": _VLLM_METHODS[method], "model": argument, "num_speculative_tokens": k}
+    return None

@@ -1,0 +1,156 @@
+"""Records + run.json -> one Summary: metrics per arm, per load point, per category,
+and each arm's ratios against the baseline (no speculation) at the same load point.
+
+Ratios: `speedup[latency key]` = baseline / arm (> 1: the arm is faster);
+`speedup[throughput key]` = arm / baseline (> 1: the arm serves more).
+"""
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from specwise.bench.load.metrics import PointMetrics, point_metrics, server_acceptance_stats
+from specwise.bench.results import RequestRecord
+from specwise.bench.load.slo import SLO
+
+ALL = "all"
+LATENCY_KEYS = ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p90",
+                "tpot_p99", "itl_mean", "itl_p50", "itl_p99", "e2e_mean", "e2e_p50", "e2e_p90", "e2e_p99")
+THROUGHPUT_KEYS = ("output_throughput", "request_throughput", "goodput")
+ITL_NOTE = ("ITL is measured between streamed chunks; under speculation one chunk may carry "
+            "several tokens, so ITL is chunk-level, not token-level.")
+
+
+@dataclass
+class Row:
+    arm: str
+    method: str
+    load_kind: str
+    load_value: float
+    category: str
+    metrics: PointMetrics
+    speedup: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class Summary:
+    tool: str
+    run: dict
+    baseline: str | None
+    arms: list[dict]
+    slo: dict
+    rows: list[Row]
+    notes: list[str]
+
+    def row(self, arm: str, kind: str, value: float, category: str = ALL) -> Row | None:
+        return self._index.get((arm, kind, value, category))
+
+    def load_values(self, kind: str) -> list[float]:
+        """Loads with figures, and those run.json planned (where nothing may have finished)."""
+        planned = {load["value"] for load in self.run.get("loads", []) if load.get("kind") == kind}
+        return sorted(planned | {r.load_value for r in self.rows if r.load_kind == kind})
+
+    def load_kinds(self) -> list[str]:
+        return sorted({r.load_kind for r in self.rows})
+
+    def categories(self) -> list[str]:
+        return sorted({r.category for r in self.rows if r.category != ALL})
+
+    def __post_init__(self):
+        self._index = {(r.arm, r.load_kind, r.load_value, r.category): r for r in self.rows}
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["rows"] = [dataclasses.asdict(row) for row in self.rows]
+        return data
+
+
+def metric_value(metrics: PointMetrics, key: str) -> float | None:
+    """`"tpot_mean"` -> metrics.tpot.mean; a throughput key -> that attribute."""
+    if key in THROUGHPUT_KEYS:
+        return getattr(metrics, key)
+    name, _, stat = key.partition("_")
+    return getattr(getattr(metrics, name), stat)
+
+
+def summarize(records: list[RequestRecord], run: dict) -> Summary:
+    slo = SLO.from_dict(run.get("slo"))
+    arms = _arms(records, run)
+    groups: dict[tuple, list[RequestRecord]] = defaultdict(list)
+    for record in records:
+        if not record.warmup:
+            groups[(record.arm, record.load_kind, record.load_value)].append(record)
+    server = {(s["arm"], s["load_kind"], s["load_value"]): s for s in run.get("server_acceptance", [])}
+    rows = []
+    for (arm, kind, value), group in groups.items():
+        overall = point_metrics(group, slo)
+        if overall.acceptance is None and (arm, kind, value) in server:
+            overall.acceptance = server_acceptance_stats(server[(arm, kind, value)])
+        rows.append(Row(arm, group[0].method, kind, value, ALL, overall))
+        for category in sorted({r.category for r in group}):
+            members = [r for r in group if r.category == category]
+            rows.append(Row(arm, group[0].method, kind, value, category,
+                            point_metrics(members, slo, window_s=overall.window)))
+    order = {arm["name"]: index for index, arm in enumerate(arms)}
+    rows.sort(key=lambda r: (r.load_kind, order.get(r.arm, len(order)), r.load_value, r.category != ALL, r.category))
+    baseline = _baseline(run, arms)
+    summary = Summary(tool=run.get("tool", "evaluate"), run=run, baseline=baseline, arms=arms,
+                      slo=slo.to_dict(), rows=rows, notes=_notes(run, records))
+    add_speedups(summary)
+    return summary
+
+
+def _arms(records: list[RequestRecord], run: dict) -> list[dict]:
+    arms = [dict(arm) for arm in run.get("arms", []) if isinstance(arm, dict) and "name" in arm]
+    known = {arm["name"] for arm in arms}
+    for record in records:
+        if record.arm not in known:
+            arms.append({"name": record.arm, "method": record.method})
+            known.add(record.arm)
+    return arms
+
+
+def _baseline(run: dict, arms: list[dict]) -> str | None:
+    if run.get("baseline"):
+        return run["baseline"]
+    plain = [arm["name"] for arm in arms if arm.get("method") == "off"]
+    return plain[0] if plain else (arms[0]["name"] if arms else None)
+
+
+def add_speedups(summary: Summary) -> None:
+    """Fill each row's ratios against the baseline row at the same load point and category."""
+    for row in summary.rows:
+        base = summary.row(summary.baseline, row.load_kind, row.load_value, row.category)
+        if base is None or row.arm == summary.baseline:
+            continue
+        for key in LATENCY_KEYS:
+            row.speedup[key] = _ratio(metric_value(base.metrics, key), metric_value(row.metrics, key))
+        for key in THROUGHPUT_KEYS:
+            row.speedup[key] = _ratio(metric_value(row.metrics, key), metric_value(base.metrics, key))
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def _notes(run: dict, records: list[RequestRecord]) -> list[str]:
+    notes = [ITL_NOTE]
+    warmups = sum(1 for r in records if r.warmup)
+    if warmups:
+        notes.append(f"{warmups} warm-up request(s) excluded from every figure.")
+    workload = run.get("workload") or {}
+    if workload.get("skipped_rows"):
+        notes.append(f"{workload['skipped_rows']} malformed input row(s) skipped (--skip-bad-rows).")
+    if workload.get("clipped"):
+        notes.append(f"{workload['clipped']} trace request(s) clipped to fit the model's context length.")
+    if run.get("server_acceptance"):
+        notes.append("Acceptance of endpoint arms comes from the server's Prometheus counters, "
+                     "per load point; per-category acceptance is unknown for them.")
+    cut = sum(entry["requests"] for entry in run.get("cut_off", []))
+    if cut:
+        notes.append(f"{cut} request(s) still running at twice --duration were cut off; figures leave them out.")
+    if run.get("interrupted"):
+        notes.append("The run was interrupted: figures cover the requests that finished.")
+    return notes

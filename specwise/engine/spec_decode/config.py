@@ -1,0 +1,95 @@
+"""Which drafter to use, parsed from the `--speculative` text.
+
+    ngram               n-gram prompt lookup, sizes 2..4 (see specwise/engine/spec_decode/ngram.py)
+    ngram:MIN-MAX       n-gram sizes MIN..MAX, e.g. ngram:1-3
+    ngram:N             n-gram size N only
+    draft:PATH          a smaller model with the target's tokenizer (HF directory or GGUF file)
+    layer_skip:L        the target's own first L layers plus its final norm and head
+    none / off          no speculation (same as leaving the flag out)
+
+k (`--num-speculative-tokens`) is the most draft tokens per sequence per step.
+The draft path is only checked for text here; the loader reports a missing file.
+"""
+
+import re
+from dataclasses import dataclass
+
+from specwise.errors import ConfigError
+from specwise.engine.spec_decode.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N
+
+METHODS = ("ngram", "draft", "layer_skip")
+MAX_SPECULATIVE_TOKENS = 16
+FORMS = "ngram, ngram:MIN-MAX, draft:PATH or layer_skip:L"
+_NGRAM_SIZES = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int = 4
+    ngram_min_n: int = DEFAULT_MIN_N
+    ngram_max_n: int = DEFAULT_MAX_N
+    draft_model: str | None = None      # draft: path of the draft model
+    layer_skip_layers: int | None = None  # layer_skip: how many of the target's first layers draft
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown speculative method {self.method!r}; use {FORMS}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS} with speculative "
+                              f"decoding on, got {self.num_speculative_tokens}")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ConfigError(f"n-gram sizes need 1 <= MIN <= MAX, got ngram:{self.ngram_min_n}-{self.ngram_max_n}")
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError("the draft method needs the draft model's path: draft:PATH")
+        if self.method != "draft" and self.draft_model is not None:
+            raise ConfigError(f"a draft model path is only used by draft:PATH, not by {self.method}")
+        if self.method == "layer_skip" and (self.layer_skip_layers is None or self.layer_skip_layers < 1):
+            raise ConfigError(f"layer_skip:L needs L >= 1 (how many first layers draft), got {self.layer_skip_layers}")
+        if self.method != "layer_skip" and self.layer_skip_layers is not None:
+            raise ConfigError(f"a layer count is only used by layer_skip:L, not by {self.method}")
+
+    @classmethod
+    def parse(cls, text: str | None, k: int) -> "SpeculativeConfig | None":
+        """`--speculative` text and k -> config, or None when speculation is off."""
+        if text is None or text.strip().lower() in ("none", "off"):
+            return None
+        method, has_argument, argument = text.strip().partition(":")
+        method = method.strip().lower()
+        argument = argument.strip()
+        if method == "ngram":
+            if not has_argument:
+                return cls("ngram", k)
+            min_n, max_n = _parse_ngram_sizes(argument)
+            return cls("ngram", k, ngram_min_n=min_n, ngram_max_n=max_n)
+        if method == "draft":
+            return cls("draft", k, draft_model=argument or None)
+        if method == "layer_skip":
+            if not argument.isdigit():
+                raise ConfigError(f"layer_skip:L needs a whole number of layers L, got {text.strip()!r}")
+            return cls("layer_skip", k, layer_skip_layers=int(argument))
+        raise ConfigError(f"unknown speculative method {text.strip()!r}; use {FORMS}")
+
+    @property
+    def label(self) -> str:
+        """Canonical `--speculative` text, e.g. ngram:2-4; parse(label, k) gives this config back."""
+        if self.method == "ngram":
+            return f"ngram:{self.ngram_min_n}-{self.ngram_max_n}"
+        if self.method == "draft":
+            return f"draft:{self.draft_model}"
+        return f"layer_skip:{self.layer_skip_layers}"
+
+    def check_num_layers(self, num_layers: int) -> None:
+        """Once the target is loaded: layer_skip:L must leave at least one layer out."""
+        if self.method == "layer_skip" and self.layer_skip_layers >= num_layers:
+            raise ConfigError(f"layer_skip:{self.layer_skip_layers} must be below the target's "
+                              f"{num_layers} layers")
+
+
+def _parse_ngram_sizes(argument: str) -> tuple[int, int]:
+    match = _NGRAM_SIZES.fullmatch(argument)
+    if match is None:
+        raise ConfigError(f"n-gram sizes must look like ngram:MIN-MAX or ngram:N, e.g. ngram:2-4, got ngram:{argument}")
+    min_n = int(match.group(1))
+    max_n = int(match.group(2)) if match.group(2) is not None else min_n
+    return min_n, max_n

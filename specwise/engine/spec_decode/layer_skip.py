@@ -1,0 +1,26 @@
+"""Self-speculative drafting: the target's own first L layers, final norm and LM head.
+
+Training-free and weight-free: the drafter is the target model run with
+`num_layers=L`, writing the first L layers' K/V into the target's own cache. The
+target recomputes those positions when it verifies, so nothing is ever out of step,
+and the drafter's K/V is valid wherever the target's is (num_computed_tokens).
+"""
+
+from typing import TYPE_CHECKING
+
+from specwise.engine.spec_decode.model_drafter import ModelDrafter
+from specwise.engine.spec_decode.proposer import Proposal
+
+if TYPE_CHECKING:
+    from specwise.engine.llm_engine import LLMEngine
+
+
+class LayerSkipProposer:
+    def __init__(self, engine: "LLMEngine", num_layers: int):
+        self.drafter = ModelDrafter(engine.runner, num_layers=num_layers)
+
+    def propose(self, seqs, num_draft_tokens: list[int]) -> Proposal:
+        return self.drafter.draft(seqs, num_draft_tokens, [seq.num_computed_tokens for seq in seqs])
+
+    def free(self, seq) -> None:
+        self.drafter.free(seq)

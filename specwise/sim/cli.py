@@ -1,0 +1,199 @@
+"""`specwise simulate`: the evaluation, on paper, for any GPU, model and drafter.
+
+Workloads and load points follow `evaluate` (same flags, the same requests per point,
+the same arrival times, the same --duration cut-off: bench/load/config.py, plan.py and arrivals.py
+decide for both); the results directory has evaluate's format, so `specwise report DIR`
+renders it with the same plots and recommendation.
+"""
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from specwise.bench.load.config import LoadConfig, check_positive, help_field
+from specwise.bench.load.plan import Plan, build_plan
+from specwise.calc.arms import OFF, parse_arm
+from specwise.calc.cli import add_profile_arg, console, table, target_cost
+from specwise.calc.deployment import Deployment, DeploymentConfig
+from specwise.sim.records import write_results
+from specwise.sim.workload import prompt_tokens
+from specwise.sim.simulator import ServerConfig, Simulator
+from specwise.cli_args import add_dataclass_args, dataclass_from_args
+from specwise.errors import ConfigError
+
+
+@dataclass
+class SimulateConfig(LoadConfig):
+    arm: list[str] = field(default_factory=list, metadata={
+        "help": "a speculation arm, e.g. draft:k=4,alpha=0.8,drafter=llama-3.2-1b (see docs/calculators.md); "
+                "'off' is always simulated"})
+    prompt_tokens: int | None = help_field("give every request this prompt length, tokens")
+    prompt_tokens_from: str | None = help_field(
+        "an evaluate results directory: take each request's prompt length as counted there "
+        "(default: estimated from the text, 4 characters a token)")
+    output_tokens: int | None = help_field("give every request exactly this output length, tokens")
+    output: str | None = help_field("results directory (default: specwise-results/sim-<timestamp>)")
+
+    default_concurrency: ClassVar[str] = "1,4,16,64"
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("prompt_tokens", "output_tokens"):
+            check_positive(self, name)
+
+
+def register_simulate(subparsers) -> None:
+    parser = subparsers.add_parser("simulate", help="simulate a serving run with and without speculation",
+                                   description=__doc__.splitlines()[0])
+    for config in (DeploymentConfig, ServerConfig, SimulateConfig):
+        add_dataclass_args(parser, config)
+    add_profile_arg(parser)
+    parser.set_defaults(handler=run_simulate)
+
+
+def run_simulate(args, argv: list[str] | None = None) -> int:
+    deployment = Deployment.from_config(dataclass_from_args(DeploymentConfig, args))
+    server = dataclass_from_args(ServerConfig, args)
+    config = dataclass_from_args(SimulateConfig, args)
+    cost = target_cost(args, deployment)
+    arms = [OFF] + [parse_arm(text, cost, deployment) for text in config.arm if text.strip() != "off"]
+    if len({arm.name for arm in arms}) != len(arms):
+        raise ConfigError("two arms share a name; add name=... to one of them")
+    plan = build_plan(config)
+    apply_lengths(plan, config)
+    started = time.perf_counter()
+    mean_length = sum(prompt_tokens(r)[0] + r.max_tokens for r in plan.workload) / len(plan.workload)
+    results = [_simulator(arm, cost, deployment, server, config.seed, mean_length).run(
+        plan.requests(point), arm, point, config.burstiness, config.duration)
+        for point in plan.loads for arm in arms]
+    elapsed = time.perf_counter() - started
+    out_dir = Path(config.output) if config.output else Path("specwise-results") / time.strftime("sim-%Y%m%d-%H%M%S")
+    run_info = {"model": deployment.model.name, "machine": f"simulated: {cost.description}",
+                "arms": [arm.describe() for arm in arms], "baseline": "off",
+                "loads": [dataclasses.asdict(point) for point in plan.loads], "slo": {}, "workload": plan.info,
+                "argv": list(argv if argv is not None else sys.argv[1:]),
+                "simulation": _simulation_info(results, server, elapsed, config),
+                "cut_off": _cut_off(results)}
+    records = write_results(out_dir, results, run_info)
+    print_summary(records, run_info, out_dir, elapsed)
+    return 0
+
+
+def _simulator(arm, cost, deployment: Deployment, server: ServerConfig, seed: int, mean_length: float) -> Simulator:
+    """A drafter model's weights and KV share the memory: the draft arm holds fewer tokens."""
+    budget = arm.draft.kv_budget
+    fraction = 1.0 if budget is None else min(1.0, budget / mean_length)
+    plan = deployment.memory_plan(arm.drafter, fraction)
+    if server.kv_cache_tokens is None and not plan.fits:
+        raise ConfigError(f"arm {arm.name}: the weights need {plan.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU, "
+                          f"{plan.usable_bytes_per_gpu / 2**30:.1f} GiB are usable; raise --tp or use a smaller "
+                          f"--weight-dtype")
+    return Simulator(cost, server, server.kv_cache_tokens or plan.kv_capacity_tokens, seed=seed)
+
+
+def apply_lengths(plan: Plan, config: SimulateConfig) -> None:
+    """The length overrides, applied to the workload evaluate would send (after its --max-tokens cap)."""
+    counted = _counted_prompt_tokens(config.prompt_tokens_from) if config.prompt_tokens_from else {}
+    for request in plan.workload:
+        if request.prompt_tokens is None:
+            request.prompt_tokens = counted.get(request.request_id)
+        if config.prompt_tokens is not None:
+            request.prompt_tokens = config.prompt_tokens
+        if config.output_tokens is not None:
+            request.max_tokens = config.output_tokens
+    plan.info["prompt_tokens_estimated"] = sum(1 for request in plan.workload if prompt_tokens(request)[1])
+
+
+def _counted_prompt_tokens(results_dir: str) -> dict[str, int]:
+    """request id -> prompt tokens as the target counted them (chat template included); ids
+    there may carry evaluate's warm-up prefix or repeat suffix ("warmup:chat-01", "chat-01#2")."""
+    from specwise.bench.results import read_records
+
+    counted = {record.request_id.removeprefix("warmup:").partition("#")[0]: record.prompt_tokens
+               for record in read_records(results_dir) if record.prompt_tokens > 0}
+    if not counted:
+        raise ConfigError(f"--prompt-tokens-from {results_dir}: no request there has a prompt token count")
+    return counted
+
+
+def _cut_off(results) -> list[dict]:
+    """run.json "cut_off" as evaluate writes it: requests still running at the time limit."""
+    entries = []
+    for result in results:
+        state = result.state
+        cut = int(np.sum(~np.isnan(state.send) & ~state.recorded()))
+        if cut:
+            entries.append({"requests": cut, "arm": result.arm, "load_kind": result.load.kind,
+                            "load_value": result.load.value})
+    return entries
+
+
+def _simulation_info(results, server: ServerConfig, elapsed: float, config: SimulateConfig) -> dict:
+    notes = ["every request generates exactly its max_tokens (EOS is not modelled)",
+             "server modelled as vLLM V0: prefill steps of whole prompts, then decode steps"]
+    return {"server": dataclasses.asdict(server), "seed": config.seed, "wall_seconds": round(elapsed, 3),
+            "notes": notes,
+            "runs": [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value,
+                      "kv_blocks": r.kv_blocks, "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions,
+                      "decode_steps": r.decode_steps, "prefill_steps": r.prefill_steps,
+                      "mean_requests_in_system": r.occupancy / r.duration if r.duration else 0.0}
+                     for r in results]}
+
+
+def print_summary(records, run_info: dict, out_dir: Path, elapsed: float) -> None:
+    """A compact table from the records' scalar fields (`specwise report` computes everything)."""
+    points = point_figures(records)
+    out = table(run_info["machine"], "arm", "load", "tok/s", "TTFT", "TPOT", "e2e p50", "accept", "TPOT x",
+                "tok/s x")
+    out.columns[0].no_wrap = True
+    for (arm, kind, value), figures in points.items():
+        base = points.get(("off", kind, value))
+        gains = (None, None) if base is None or arm == "off" else (
+            base["tpot"] / figures["tpot"] if figures["tpot"] else None,
+            figures["throughput"] / base["throughput"] if base["throughput"] else None)
+        out.add_row(arm, _load_label(kind, value), _num(figures["throughput"], "{:.0f}"),
+                    _num(figures["ttft"], "{:.0f}ms", 1e3), _num(figures["tpot"], "{:.1f}ms", 1e3),
+                    _num(figures["e2e_p50"], "{:.2f}s"), _num(figures["acceptance"], "{:.2f}"),
+                    _num(gains[0], "{:.2f}"), _num(gains[1], "{:.2f}"))
+    errors = sum(1 for record in records if record.error)
+    view = console()
+    view.print(out)
+    view.print("TTFT and TPOT are means; 'x' columns are gains against off (> 1: the arm is better); "
+               "acceptance = accepted / drafted.")
+    if errors:
+        view.print(f"{errors} request(s) could not be served (too long for the KV cache): see requests.jsonl")
+    view.print(f"simulated in {elapsed:.1f} s; results in {out_dir} (render: specwise report {out_dir})")
+
+
+def point_figures(records) -> dict:
+    """(arm, load kind, load value) -> throughput, mean TTFT and TPOT, median e2e, acceptance rate,
+    with evaluate's definitions (TPOT = (e2e - TTFT) / (output_tokens - 1), per request)."""
+    groups: dict[tuple, list] = {}
+    for record in records:
+        groups.setdefault((record.arm, record.load_kind, record.load_value), []).append(record)
+    points = {}
+    for key, group in groups.items():
+        done = [r for r in group if not r.error]
+        window = max(r.send_time + r.e2e for r in done) - min(r.send_time for r in done) if done else 0.0
+        tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+        drafted = sum(r.draft_tokens or 0 for r in done)
+        points[key] = {
+            "throughput": sum(r.output_tokens for r in done) / window if window else None,
+            "ttft": float(np.mean([r.ttft for r in done])) if done else None,
+            "tpot": float(np.mean(tpots)) if tpots else None,
+            "e2e_p50": float(np.median([r.e2e for r in done])) if done else None,
+            "acceptance": sum(r.accepted_tokens or 0 for r in done) / drafted if drafted else None}
+    return points
+
+
+def _load_label(kind: str, value: float) -> str:
+    return {"concurrency": f"c={value:g}", "rate": f"{value:g}/s"}.get(kind, f"trace x{value:g}")
+
+
+def _num(value, pattern: str, scale: float = 1.0) -> str:
+    return "-" if value is None else pattern.format(value * scale)
