@@ -1,11 +1,16 @@
-"""`specwise generate`: one prompt in, streamed text out, speed and acceptance at the end."""
+"""`specwise generate` and `specwise calibrate`: the engine from the command line."""
 
 import argparse
+import json
+import platform
 import sys
 import time
 
+from rich.progress import Progress
+
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
+from specwise.engine.step_profile import ProfileCost
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 
@@ -28,7 +33,7 @@ def register_generate(subparsers) -> None:
 
 
 def run_generate(args) -> int:
-    from specwise.engine.llm_engine import LLMEngine
+    from specwise.engine.llm_engine import LLMEngine    # torch (~3 s): paid only by commands that run the engine
     params = dataclass_from_args(SamplingParams, args)          # bad flags fail before the model loads
     engine = LLMEngine(dataclass_from_args(EngineConfig, args))
     prompt = args.prompt
@@ -79,9 +84,7 @@ def register_calibrate(subparsers) -> None:
 
 
 def run_calibrate(args) -> int:
-    import json
-    import platform
-    from rich.progress import Progress
+    import torch                                        # torch (~3 s): paid only by commands that run the engine
     from specwise.engine.llm_engine import LLMEngine
     from specwise.engine.profiler import measure_grid, measure_prefill
     axes = [parse_int_list(text, name) for text, name in
@@ -99,17 +102,16 @@ def run_calibrate(args) -> int:
         seconds = measure_grid(engine.runner, *axes, repeats=args.repeats, on_point=advance)
         totals, prefill_seconds = measure_prefill(engine.runner, prefill_tokens, args.prefill_prompt_len,
                                                   args.repeats, advance)
-    profile = {"format": "specwise-step-profile", "version": 1,
-               "machine": f"{platform.machine()} {platform.processor() or ''} {torch_threads()} threads".strip(),
-               "model": f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
-                        f"{engine.config.dtype}",
-               "batch_sizes": axes[0], "tokens_per_seq": axes[1], "context_lens": axes[2], "seconds": seconds}
-    if totals:
-        profile.update(prefill_tokens=totals, prefill_seconds=prefill_seconds,
-                       prefill_prompt_len=args.prefill_prompt_len)
-    profile["prefill_pads_to_longest"] = True       # the runner pads a step's prompts to the longest
+    prefill = dict(prefill_tokens=totals, prefill_seconds=prefill_seconds,
+                   prefill_prompt_len=args.prefill_prompt_len) if totals else {}
+    prefill["prefill_pads_to_longest"] = True       # the runner pads a step's prompts to the longest
+    profile = ProfileCost(*axes, seconds, prefill=prefill,
+                          machine=f"{platform.machine()} {platform.processor() or ''} "
+                                  f"{torch.get_num_threads()} threads".strip(),
+                          model=f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
+                                f"{engine.config.dtype}")
     with open(args.output, "w", encoding="utf-8") as stream:
-        json.dump(profile, stream, indent=1)
+        json.dump(profile.to_json(), stream, indent=1)
     print(f"wrote {args.output}: batch 1 decode {seconds[0][0][0] * 1000:.1f} ms/step")
     return 0
 
@@ -123,7 +125,3 @@ def parse_int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} must be increasing non-negative numbers, got {text!r}")
     return values
 
-
-def torch_threads() -> int:
-    import torch
-    return torch.get_num_threads()

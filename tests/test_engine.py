@@ -8,7 +8,7 @@ import torch
 from conftest import TINY_ENGINE
 from specwise.config import EngineConfig
 from specwise.engine.llm import LLM
-from specwise.engine.sampling.sampler import logits_to_probs, sample
+from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, sample
 from specwise.errors import ConfigError, InputError
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
@@ -48,7 +48,7 @@ def visible(text: str) -> str:
 
 def probs_of(logits, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
     logits = torch.tensor([logits], dtype=torch.float32)
-    return logits_to_probs(logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]))[0]
+    return logits_to_probs(logits, SamplingTensors.build([temperature], [top_k], [top_p]))[0]
 
 
 # --- sampler: logits -> the distribution we sample from ----------------------------------------------------------
@@ -91,7 +91,7 @@ def test_top_p_applies_to_what_top_k_kept():
 
 def test_each_row_uses_its_own_settings():
     logits = torch.tensor([LOG_P] * 3)
-    probs = logits_to_probs(logits, torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0, 2, 0]), torch.tensor([1.0, 1.0, 0.6]))
+    probs = logits_to_probs(logits, SamplingTensors.build([0.0, 1.0, 1.0], [0, 2, 0], [1.0, 1.0, 0.6]))
     torch.testing.assert_close(probs, torch.tensor([[1.0, 0, 0, 0], [4 / 7, 3 / 7, 0, 0], [4 / 7, 3 / 7, 0, 0]]))
 
 

@@ -16,7 +16,7 @@ Verifiers with a planted bug fail the same check.
 import pytest
 import torch
 
-from specwise.engine.sampling.sampler import logits_to_probs
+from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.sampling.rejection import accept_and_resample, rejection_sample, sample_with_uniforms
 
@@ -44,8 +44,8 @@ def single_thread():
 
 def processed_probs(logits, temperature, top_k, top_p):
     num_rows = logits.shape[0]
-    return logits_to_probs(logits, torch.full((num_rows,), temperature), torch.full((num_rows,), top_k),
-                           torch.full((num_rows,), top_p))
+    return logits_to_probs(logits, SamplingTensors.build([temperature] * num_rows, [top_k] * num_rows,
+                                                         [top_p] * num_rows))
 
 
 def make_case(processing: str, seed: int = 0):

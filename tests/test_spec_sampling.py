@@ -38,11 +38,11 @@ import pytest
 import torch
 
 from specwise.config import EngineConfig
-from specwise.engine.llm_engine import LLMEngine, build_model
+from specwise.engine.llm_engine import LLMEngine
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.sampling.sampler import logits_to_probs
+from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs
 from specwise.models.config import ModelConfig
-from specwise.models.loader import load_checkpoint
+from specwise.models.loader import build_model, load_checkpoint
 from specwise.sampling_params import SamplingParams
 from specwise.engine.sampling import rejection
 from specwise.engine.spec_decode.metrics import SpecStats
@@ -104,9 +104,7 @@ class Setup:
             tables = [list(range(row * blocks, (row + 1) * blocks)) for row in range(len(chunk))]
             logits = self.runner.forward(chunk, [0] * len(chunk), tables, last_only=True)[:, 0]
             count = len(chunk)
-            rows.append(logits_to_probs(logits, torch.full((count,), params.temperature),
-                                        torch.full((count,), params.top_k),
-                                        torch.full((count,), params.top_p)).double())
+            rows.append(logits_to_probs(logits, SamplingTensors.from_params([params] * count, 1)).double())
         return torch.cat(rows)
 
     def tuple_probs(self, params: SamplingParams) -> dict[tuple[int, ...], float]:

@@ -20,10 +20,10 @@ from specwise.engine.outputs import RequestOutput
 from specwise.engine.scheduler import ScheduledBatch, Scheduler
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
-from specwise.models.llama import LlamaForCausalLM
-from specwise.models.loader import Checkpoint, load_checkpoint
-from specwise.models.rope import RotaryEmbedding
+from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.sampling_params import SamplingParams
+from specwise.engine.spec_decode.config import SpeculativeConfig
+from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.factory import build_policy, build_proposer
 from specwise.engine.spec_decode.metrics import SpecStats
 
@@ -58,10 +58,11 @@ class LLMEngine:
         """Switch drafting method between requests (the evaluator runs every arm on one load)."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("change speculation only while no request is in flight")
-        self.proposer = build_proposer(speculative, num_speculative_tokens, self)
+        context = ProposerContext(self.runner, self.tokenizer, self.dtype, self.config.device, self.max_model_len)
+        self.proposer = build_proposer(SpeculativeConfig.parse(speculative, num_speculative_tokens), context)
         self.config.speculative, self.config.num_speculative_tokens = speculative, num_speculative_tokens
         self.num_speculative_tokens = num_speculative_tokens if self.proposer else 0
-        self.policy = build_policy(self)
+        self.policy = build_policy(self.config, self.num_speculative_tokens, self.runner, self.max_model_len)
         self.step_k = self.num_speculative_tokens     # the policy's choice for the current step
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -182,13 +183,3 @@ class LLMEngine:
         if self.proposer is not None:
             self.proposer.free(seq)
 
-
-def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
-    """Allocate without random init (meta device), load weights, then compute the rope tables."""
-    config = checkpoint.config
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions)
-    model = model.to_empty(device=device).to(dtype)
-    model.load_weights({name: tensor.to(dtype) for name, tensor in checkpoint.weights.items()})
-    model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling).to(device)
-    return model.eval().requires_grad_(False)

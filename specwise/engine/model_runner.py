@@ -7,7 +7,7 @@ Keys are gathered from the paged cache by position (see models/attention.py).
 
 import torch
 
-from specwise.engine.sampling.sampler import logits_to_probs
+from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, request_generator
 from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
 from specwise.models.attention import AttentionMetadata
@@ -45,40 +45,47 @@ class ModelRunner:
     def forward(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
                 last_only: bool, num_layers: int | None = None) -> torch.Tensor:
         """Run the model over ragged query runs; logits [num_seqs, max_query_len or 1, vocab_size]."""
-        input_ids, positions, metadata, query_lens = self._prepare(token_ids, start_positions, block_tables)
+        input_ids, positions, metadata = self._prepare(token_ids, start_positions, block_tables)
         kv_caches = self.kv_caches if num_layers is None else self.kv_caches[:num_layers]
         hidden = self.model(input_ids, positions, kv_caches, metadata, num_layers)   # [num_seqs, q_len, hidden]
         if last_only:
             rows = torch.arange(len(token_ids), device=self.device)
-            hidden = hidden[rows, query_lens - 1].unsqueeze(1)                      # [num_seqs, 1, hidden]
+            last = torch.tensor([len(run) - 1 for run in token_ids], device=self.device)
+            hidden = hidden[rows, last].unsqueeze(1)                                # [num_seqs, 1, hidden]
         num_seqs, q_len, hidden_size = hidden.shape
         logits = self.model.compute_logits(hidden.reshape(-1, hidden_size))         # [num_seqs * q_len, vocab]
         return logits.view(num_seqs, q_len, -1)
 
     def _prepare(self, token_ids, start_positions, block_tables):
+        """Index tensors of one step, built from host lists (sizes never read back from the device)."""
         device = self.device
-        query_lens = torch.tensor([len(run) for run in token_ids], device=device)                 # [num_seqs]
+        lens = [len(run) for run in token_ids]
+        context_lens_list = [start + length for start, length in zip(start_positions, lens)]
+        query_lens = torch.tensor(lens, device=device)                                              # [num_seqs]
         starts = torch.tensor(start_positions, device=device)                                       # [num_seqs]
-        max_query_len = int(query_lens.max())
+        max_query_len = max(lens)
         input_ids = torch.tensor([run + [0] * (max_query_len - len(run)) for run in token_ids], device=device)
         offsets = torch.arange(max_query_len, device=device)
         is_query = offsets < query_lens.unsqueeze(1)                                                # [num_seqs, q_len]
         # padded queries sit at the sequence's first query position: harmless and never all-masked
         positions = torch.where(is_query, starts.unsqueeze(1) + offsets, starts.unsqueeze(1))
         context_lens = starts + query_lens
-        context_slots = self._context_slots(block_tables, context_lens)                           # [num_seqs, ctx]
+        context_slots = self._context_slots(block_tables, context_lens, max(context_lens_list))   # [num_seqs, ctx]
         slot_mapping = torch.where(is_query, context_slots.gather(1, positions), self.scratch_slot)
         key_positions = torch.arange(context_slots.shape[1], device=device)
         attn_mask = key_positions.view(1, 1, -1) <= positions.unsqueeze(2)                        # [num_seqs, q_len, ctx]
-        attn_mask = None if bool(attn_mask.all()) else attn_mask.unsqueeze(1)
-        return input_ids, positions, AttentionMetadata(slot_mapping, context_slots, attn_mask), query_lens
+        # one query per sequence over equally long contexts: every key is visible, no mask needed
+        unmasked = max_query_len == 1 and len(set(context_lens_list)) == 1
+        attn_mask = None if unmasked else attn_mask.unsqueeze(1)
+        return input_ids, positions, AttentionMetadata(slot_mapping, context_slots, attn_mask)
 
-    def _context_slots(self, block_tables: list[list[int]], context_lens: torch.Tensor) -> torch.Tensor:
+    def _context_slots(self, block_tables: list[list[int]], context_lens: torch.Tensor,
+                       max_context_len: int) -> torch.Tensor:
         """Cache slot of every key position, [num_seqs, max_context_len]; padding -> scratch slot."""
         max_blocks = max(len(table) for table in block_tables)
         tables = torch.tensor([table + [self.num_blocks] * (max_blocks - len(table)) for table in block_tables],
                               device=self.device)                                                   # [num_seqs, blocks]
-        key_positions = torch.arange(int(context_lens.max()), device=self.device)
+        key_positions = torch.arange(max_context_len, device=self.device)
         slots = tables[:, key_positions // self.block_size] * self.block_size + key_positions % self.block_size
         return torch.where(key_positions < context_lens.unsqueeze(1), slots, self.scratch_slot)
 
@@ -104,17 +111,12 @@ class ModelRunner:
     def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Sampling distribution per position: logits [num_seqs, q_len, vocab] -> same shape, fp32."""
         num_seqs, q_len, vocab_size = logits.shape
-        params = [seq.sampling_params for seq in seqs]
-        per_row = lambda values, dtype: torch.tensor(values, dtype=dtype).repeat_interleave(q_len)
-        probs = logits_to_probs(logits.reshape(-1, vocab_size),
-                                per_row([p.temperature for p in params], torch.float32),
-                                per_row([p.top_k for p in params], torch.long),
-                                per_row([p.top_p for p in params], torch.float32))
-        return probs.view(num_seqs, q_len, vocab_size)
+        sampling = SamplingTensors.from_params([seq.sampling_params for seq in seqs], q_len, self.device)
+        return logits_to_probs(logits.reshape(-1, vocab_size), sampling).view(num_seqs, q_len, vocab_size)
 
     def generator(self, seq: Sequence) -> torch.Generator:
         if seq.seq_id not in self.generators:
-            self.generators[seq.seq_id] = torch.Generator().manual_seed(seq.seed)
+            self.generators[seq.seq_id] = request_generator(seq.seed, self.device)
         return self.generators[seq.seq_id]
 
     def release(self, seq: Sequence) -> None:

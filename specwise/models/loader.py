@@ -1,4 +1,5 @@
-"""Load a checkpoint (HF directory, GGUF file, or the default model) into config, HF-named weights and tokenizer."""
+"""Load a checkpoint (HF directory, GGUF file, or the default model) into config, HF-named weights and
+tokenizer; build the model from it."""
 
 import os
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from specwise.models.config import ModelConfig
 from specwise.models.default_model import default_model_path
 from specwise.models.gguf_loader import read_gguf
 from specwise.models.hf_loader import read_hf_dir
+from specwise.models.llama import LlamaForCausalLM
+from specwise.models.rope import RotaryEmbedding
 from specwise.models.tokenizer import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
@@ -61,3 +64,14 @@ def is_gguf(path: Path) -> bool:
             return stream.read(4) == GGUF_MAGIC or path.suffix == ".gguf"
     except OSError as e:
         raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from None
+
+
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
+    """Allocate without random init (meta device), load weights, then compute the rope tables."""
+    config = checkpoint.config
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_positions)
+    model = model.to_empty(device=device).to(dtype)
+    model.load_weights({name: tensor.to(dtype) for name, tensor in checkpoint.weights.items()})
+    model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling).to(device)
+    return model.eval().requires_grad_(False)

@@ -7,28 +7,23 @@ valid up to the first position where its drafts and the emitted tokens differ; i
 re-feeds only what it has not seen (usually one or two tokens).
 """
 
-from typing import TYPE_CHECKING
-
 from specwise.engine.model_runner import ModelRunner, kv_block_bytes
-from specwise.errors import ConfigError
-from specwise.models.loader import load_checkpoint
+from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.model_drafter import ModelDrafter
 from specwise.engine.spec_decode.proposer import Proposal
-
-if TYPE_CHECKING:
-    from specwise.engine.llm_engine import LLMEngine
+from specwise.errors import ConfigError
+from specwise.models.loader import build_model, load_checkpoint
 
 
 class DraftModelProposer:
-    def __init__(self, engine: "LLMEngine", path: str):
-        from specwise.engine.llm_engine import build_model
-        checkpoint = load_checkpoint(path, engine.dtype)
-        check_same_vocabulary(engine.tokenizer, checkpoint.tokenizer, path)
-        model = build_model(checkpoint, engine.dtype, engine.config.device, engine.max_model_len)
-        target = engine.runner
-        runner = ModelRunner(model, target.num_blocks, target.block_size, engine.dtype, engine.config.device)
-        self.drafter = ModelDrafter(runner, vocab_size=engine.model_config.vocab_size)
-        self.kv_cache_bytes = kv_block_bytes(model, target.block_size, engine.dtype) * target.num_blocks
+    def __init__(self, context: ProposerContext, path: str):
+        checkpoint = load_checkpoint(path, context.dtype)
+        check_same_vocabulary(context.tokenizer, checkpoint.tokenizer, path)
+        model = build_model(checkpoint, context.dtype, context.device, context.max_model_len)
+        target = context.runner
+        runner = ModelRunner(model, target.num_blocks, target.block_size, context.dtype, context.device)
+        self.drafter = ModelDrafter(runner, vocab_size=context.vocab_size)
+        self.kv_cache_bytes = kv_block_bytes(model, target.block_size, context.dtype) * target.num_blocks
         # seq_id -> (length when drafted, draft tokens, end of the K/V the drafter wrote)
         self.pending: dict[int, tuple[int, list[int], int]] = {}
 

@@ -6,18 +6,14 @@ target recomputes those positions when it verifies, so nothing is ever out of st
 and the drafter's K/V is valid wherever the target's is (num_computed_tokens).
 """
 
-from typing import TYPE_CHECKING
-
+from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.model_drafter import ModelDrafter
 from specwise.engine.spec_decode.proposer import Proposal
 
-if TYPE_CHECKING:
-    from specwise.engine.llm_engine import LLMEngine
-
 
 class LayerSkipProposer:
-    def __init__(self, engine: "LLMEngine", num_layers: int):
-        self.drafter = ModelDrafter(engine.runner, num_layers=num_layers)
+    def __init__(self, context: ProposerContext, num_layers: int):
+        self.drafter = ModelDrafter(context.runner, num_layers=num_layers)
 
     def propose(self, seqs, num_draft_tokens: list[int]) -> Proposal:
         return self.drafter.draft(seqs, num_draft_tokens, [seq.num_computed_tokens for seq in seqs])

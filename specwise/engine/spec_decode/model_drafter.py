@@ -11,7 +11,7 @@ from `logits_to_probs` with the request's own settings, so full rejection sampli
 import torch
 
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.sampling.sampler import sample
+from specwise.engine.sampling.sampler import request_generator, sample
 from specwise.engine.spec_decode.proposer import Proposal
 
 # catch-up runs longer than this (a prompt) go in their own forward, not padded with decodes
@@ -33,7 +33,7 @@ class ModelDrafter:
     def generator(self, seq) -> torch.Generator:
         if seq.seq_id not in self.generators:
             seed = (seq.seed + DRAFT_SEED_OFFSET) % 2**63
-            self.generators[seq.seq_id] = torch.Generator().manual_seed(seed)
+            self.generators[seq.seq_id] = request_generator(seed, self.runner.device)
         return self.generators[seq.seq_id]
 
     def draft(self, seqs, num_draft_tokens: list[int], computed: list[int]) -> Proposal:

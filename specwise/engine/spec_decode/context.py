@@ -1,0 +1,30 @@
+"""What a proposer may use of the engine it drafts for, and nothing more.
+
+The target's runner gives a drafter the paged KV cache layout (block size, number of
+blocks) and, for self-speculation, the target itself; a drafter with a model of its
+own builds a runner of the same shape so the scheduler's block tables address both.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from specwise.engine.model_runner import ModelRunner
+from specwise.models.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ProposerContext:
+    runner: ModelRunner          # the target's runner: its model, KV cache and block layout
+    tokenizer: Tokenizer         # the target's tokenizer (a draft model must share its vocabulary)
+    dtype: torch.dtype
+    device: str
+    max_model_len: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.model.config.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.runner.model.config.num_hidden_layers
