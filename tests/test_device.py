@@ -24,10 +24,11 @@ def test_a_verification_step_stays_on_the_runners_device():
     runner = meta_runner()
     vocab_size = runner.model.config.vocab_size
     # a prefill of 3 tokens beside a verification of 1 + 2 drafts over 5 cached tokens
-    logits = runner.forward([[1, 2, 3], [4, 5, 6]], [0, 5], [[0], [1, 2]], last_only=False)
-    assert logits.device.type == "meta" and tuple(logits.shape) == (2, 3, vocab_size)
-    last = runner.forward([[1, 2, 3], [4]], [0, 5], [[0], [1, 2]], last_only=True)
-    assert last.device.type == "meta" and tuple(last.shape) == (2, 1, vocab_size)
+    logits = runner.forward([[1, 2, 3], [4, 5, 6]], [0, 5], [[0], [1, 2]], num_logits=[3, 3])
+    assert logits.device.type == "meta" and tuple(logits.shape) == (6, vocab_size)
+    last = runner.forward([[1, 2, 3], [4]], [0, 5], [[0], [1, 2]], num_logits=[1, 1])
+    assert last.device.type == "meta" and tuple(last.shape) == (2, vocab_size)
+    logits = logits.view(2, 3, vocab_size)
     seqs = [Sequence("sampled", [1], SamplingParams(temperature=0.8, top_k=5, top_p=0.9)),
             Sequence("greedy", [1], SamplingParams(temperature=0))]
     probs = runner.probs(logits, seqs)

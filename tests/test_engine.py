@@ -375,7 +375,7 @@ def test_bad_sampling_params(kwargs, fragment):
     (dict(dtype="fp8"), "dtype"),
     (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(block_size=0), "block_size"),
-    (dict(max_model_len=4096, max_num_batched_tokens=1024), "max_num_batched_tokens"),
+    (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
     (dict(kv_cache_gb=0), "kv_cache_gb"),
     (dict(num_kv_blocks=0), "num_kv_blocks"),
     (dict(num_speculative_tokens=17), "num_speculative_tokens"),
@@ -392,3 +392,33 @@ def test_bad_speculative_method(speculative, fragment):
     with pytest.raises(ConfigError) as error:
         LLM(checkpoint=tiny_checkpoint(), speculative=speculative, **TINY_ENGINE)
     assert fragment in one_line(error.value)
+
+
+def test_a_long_prompt_joins_running_requests_in_chunks_without_changing_any_output(llm):
+    budget = 8
+    chunked = LLM(checkpoint=tiny_checkpoint(), num_kv_blocks=128, block_size=4, max_model_len=96,
+                  max_num_batched_tokens=budget).engine
+    long_prompt = [(7 * i) % 250 for i in range(60)]
+    running = [chunked.add_request(prompt, greedy(30, ignore_eos=True)) for prompt in PROMPTS[:2]]
+    for _ in range(3):
+        chunked.step()                                   # both running requests decode
+    joining = chunked.add_request(long_prompt, greedy(10, ignore_eos=True))
+    long_seq = chunked.requests[joining]
+    streams = {request_id: [] for request_id in running + [joining]}
+    chunks = []
+    while chunked.has_unfinished():
+        computed_before, prefilling = long_seq.num_computed_tokens, long_seq.num_output_tokens == 0
+        advanced = {output.request_id for output in chunked.step()}
+        for request_id in streams:
+            if request_id in chunked.requests:
+                streams[request_id].append(chunked.requests[request_id].output_token_ids)
+        if prefilling:
+            chunks.append(long_seq.num_computed_tokens - computed_before)
+            # every step that prefilled a chunk also decoded both running requests
+            assert set(running) <= advanced
+    assert sum(chunks) == len(long_prompt) and max(chunks) <= budget - len(running)
+    assert len(chunks) >= len(long_prompt) // budget, "the long prompt should have taken several steps"
+    expected = llm.generate(PROMPTS[:2] + [long_prompt], [greedy(30, ignore_eos=True)] * 2 +
+                            [greedy(10, ignore_eos=True)])
+    finals = [streams[request_id][-1] for request_id in running + [joining]]
+    assert finals == [output.output_token_ids[:len(final)] for output, final in zip(expected, finals)]

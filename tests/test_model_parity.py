@@ -67,7 +67,16 @@ class Pair:
         return self.hf(torch.tensor([token_ids])).logits[0].float()    # [len, vocab]
 
     def forward(self, runs: list[list[int]], starts: list[int], tables: list[list[int]]) -> torch.Tensor:
-        return self.runner.forward(runs, starts, tables, last_only=False)
+        return padded_logits(self.runner, runs, starts, tables)
+
+
+def padded_logits(runner, runs, starts, tables) -> torch.Tensor:
+    """Logits at every position, [num_runs, longest run, vocab] (rows past a run's end are zero)."""
+    flat = runner.forward(runs, starts, tables, num_logits=[len(run) for run in runs])     # [sum(lens), vocab]
+    padded = flat.new_zeros(len(runs), max(map(len, runs)), flat.shape[-1])
+    for row, part in enumerate(flat.split([len(run) for run in runs])):
+        padded[row, :len(part)] = part
+    return padded
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -164,7 +173,7 @@ def default_prompts(llm) -> list[list[int]]:
 def test_default_model_logits_match_transformers(default_llm, hf_default):
     prompts = default_prompts(default_llm)
     tables = [list(range(row * 4, row * 4 + 4)) for row in range(len(prompts))][::-1]
-    ours = default_llm.engine.runner.forward(prompts, [0] * len(prompts), tables, last_only=False)
+    ours = padded_logits(default_llm.engine.runner, prompts, [0] * len(prompts), tables)
     with torch.no_grad():
         theirs = [hf_default(torch.tensor([ids])).logits[0].float() for ids in prompts]
     report("default model, ragged batch of 5 prompts",

@@ -1,4 +1,5 @@
-"""Continuous batching: admission limits, lookahead reservation, preemption and abort (no model)."""
+"""Continuous batching with chunked prefill: admission limits, the token budget, lookahead reservation,
+preemption and abort (no model)."""
 
 import random
 
@@ -20,9 +21,13 @@ def add(scheduler: Scheduler, prompt_len: int, name: str = "r") -> Sequence:
 
 
 def emit(scheduler: Scheduler, batch, tokens_per_seq: int = 1) -> None:
-    """What the engine does after a step: append the new tokens, mark all but the last computed,
-    give back unused lookahead."""
-    for seq in batch.seqs:
+    """What the engine does after a step: a sequence whose chunk reached its end appends the new
+    tokens, marks all but the last computed and gives back unused lookahead; a prompt chunk short
+    of the end just counts as computed."""
+    for index, seq in enumerate(batch.seqs):
+        if not batch.samples(index):
+            seq.num_computed_tokens += batch.num_new_tokens[index]
+            continue
         seq.token_ids += [7] * tokens_per_seq
         seq.num_computed_tokens = len(seq) - 1
         scheduler.block_manager.trim(seq, len(seq))
@@ -32,7 +37,8 @@ def test_prefill_admits_waiting_sequences_in_arrival_order():
     scheduler = make_scheduler(num_blocks=8)
     a, b = add(scheduler, 3, "a"), add(scheduler, 5, "b")
     batch = scheduler.schedule()
-    assert batch.is_prefill and batch.seqs == [a, b] and batch.num_draft_tokens == [0, 0]
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [3, 5] and batch.num_draft_tokens == [0, 0]
+    assert batch.samples(0) and batch.samples(1)
     assert a.status == b.status == SequenceStatus.RUNNING
     assert len(a.block_table) == 1 and len(b.block_table) == 2
     assert not scheduler.waiting
@@ -46,36 +52,59 @@ def test_max_num_seqs_caps_the_running_set():
     assert list(scheduler.waiting) == [c]
     scheduler.finish(a, "stop")
     batch = scheduler.schedule()
-    assert batch.is_prefill and batch.seqs == [c]
+    assert batch.seqs == [b, c] and batch.num_new_tokens == [1, 4]     # b decodes while c prefills
 
 
-def test_max_num_batched_tokens_caps_one_prefill():
+def test_max_num_batched_tokens_splits_prompts_into_chunks():
     scheduler = make_scheduler(num_blocks=16, max_num_batched_tokens=10)
     a, b, c = add(scheduler, 4, "a"), add(scheduler, 5, "b"), add(scheduler, 2, "c")
-    assert scheduler.schedule().seqs == [a, b]          # 9 tokens; c would make 11
-    assert scheduler.schedule().seqs == [c]
+    batch = scheduler.schedule()
+    assert batch.seqs == [a, b, c] and batch.num_new_tokens == [4, 5, 1]   # c gets the last token of the budget
+    assert batch.samples(0) and batch.samples(1) and not batch.samples(2)
+    emit(scheduler, batch)
+    batch = scheduler.schedule()
+    assert batch.seqs == [a, b, c] and batch.num_new_tokens == [1, 1, 1] and batch.samples(2)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes():
+    scheduler = make_scheduler(num_blocks=32, max_num_batched_tokens=8)
+    a = add(scheduler, 3, "a")
+    emit(scheduler, scheduler.schedule())
+    b = add(scheduler, 20, "b")
+    chunks = []
+    for _ in range(3):
+        batch = scheduler.schedule()
+        assert batch.seqs[0] is a and batch.num_new_tokens[0] == 1      # a decodes every step
+        assert batch.num_tokens <= 8
+        chunks.append(batch.num_new_tokens[1])
+        emit(scheduler, batch)
+    assert chunks == [7, 7, 6] and b.num_output_tokens == 1 and not b.is_prefilling
 
 
 def test_admission_waits_for_blocks_first_come_first_served():
     scheduler = make_scheduler(num_blocks=3)
     a = add(scheduler, 8, "a")
     b = add(scheduler, 8, "b")
-    add(scheduler, 1, "c")                              # would fit, but does not overtake b
-    assert scheduler.schedule().seqs == [a]
-    assert [seq.request_id for seq in scheduler.waiting] == ["b", "c"]
+    c = add(scheduler, 1, "c")                          # would fit, but does not overtake b
+    batch = scheduler.schedule()
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [8, 4]       # b starts in the one block left
+    assert [seq.request_id for seq in scheduler.waiting] == ["c"]
+    emit(scheduler, batch)
     scheduler.finish(a, "stop")
-    assert scheduler.schedule().seqs[0] is b
+    batch = scheduler.schedule()
+    assert batch.seqs == [b, c] and batch.num_new_tokens == [4, 1]
 
 
-def test_prefill_of_newcomers_goes_before_decode():
+def test_newcomers_prefill_in_the_same_step_as_running_decodes():
     scheduler = make_scheduler(num_blocks=8)
     a = add(scheduler, 4, "a")
     emit(scheduler, scheduler.schedule())
     b = add(scheduler, 4, "b")
     batch = scheduler.schedule()
-    assert batch.is_prefill and batch.seqs == [b]
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [1, 4]
+    emit(scheduler, batch)
     batch = scheduler.schedule()
-    assert not batch.is_prefill and batch.seqs == [a, b]
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [1, 1]
 
 
 def test_decode_reserves_the_slot_of_the_new_token():
@@ -154,7 +183,7 @@ def test_preempted_sequence_is_recomputed_from_all_its_tokens():
     emit(scheduler, scheduler.schedule())               # c preempted holding 5 tokens (1 generated)
     scheduler.finish(a, "stop")
     batch = scheduler.schedule()
-    assert batch.is_prefill and batch.seqs == [c]
+    assert batch.seqs == [b, c] and batch.num_new_tokens == [1, 5]
     assert c.uncomputed_token_ids == c.token_ids and len(c) == 5
     assert len(c.block_table) == 2
 
@@ -193,10 +222,14 @@ def test_random_workload_never_leaks_blocks():
         batch = scheduler.schedule(draft_budget=lambda seq: rng.randint(0, 4))
         if batch is None:
             break
-        for seq, k in zip(batch.seqs, batch.num_draft_tokens):
-            assert len(seq.block_table) * 4 >= len(seq) + k
-        for seq, k in zip(list(batch.seqs), batch.num_draft_tokens):
-            accepted = 0 if batch.is_prefill else rng.randint(0, k)
+        for seq, count, k in zip(batch.seqs, batch.num_new_tokens, batch.num_draft_tokens):
+            assert len(seq.block_table) * 4 >= seq.num_computed_tokens + count + k
+        assert batch.num_tokens <= 40 or all(count == 1 for count in batch.num_new_tokens)
+        for index, (seq, k) in enumerate(zip(list(batch.seqs), batch.num_draft_tokens)):
+            if not batch.samples(index):
+                seq.num_computed_tokens += batch.num_new_tokens[index]
+                continue
+            accepted = rng.randint(0, k)
             seq.token_ids += [7] * (accepted + 1)
             seq.num_computed_tokens = len(seq) - 1
             if seq.num_output_tokens >= limits[seq.seq_id] or rng.random() < 0.03:

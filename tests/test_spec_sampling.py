@@ -102,7 +102,7 @@ class Setup:
             chunk = prefixes[start:start + 256]
             blocks = -(-max(map(len, chunk)) // BLOCK_SIZE)
             tables = [list(range(row * blocks, (row + 1) * blocks)) for row in range(len(chunk))]
-            logits = self.runner.forward(chunk, [0] * len(chunk), tables, last_only=True)[:, 0]
+            logits = self.runner.forward(chunk, [0] * len(chunk), tables, num_logits=[1] * len(chunk))
             count = len(chunk)
             rows.append(logits_to_probs(logits, SamplingTensors.from_params([params] * count, 1)).double())
         return torch.cat(rows)

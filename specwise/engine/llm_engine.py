@@ -131,8 +131,9 @@ class LLMEngine:
         emitted = self.runner.execute(batch, proposal)
         if proposal is not None:
             self.stats.verifying_seconds += time.perf_counter() - started
-        return outputs + [self._advance(seq, tokens, batch, proposal, index)
-                          for index, (seq, tokens) in enumerate(zip(batch.seqs, emitted))]
+        advanced = [self._advance(seq, tokens, batch, proposal, index)
+                    for index, (seq, tokens) in enumerate(zip(batch.seqs, emitted))]
+        return outputs + [output for output in advanced if output is not None]
 
     def _draft_budget(self, seq: Sequence) -> int:
         if self.proposer is None or not seq.sampling_params.speculative:
@@ -148,16 +149,21 @@ class LLMEngine:
         return self.policy.choose_k(len(running), context_len)
 
     def _propose(self, batch: ScheduledBatch):
-        if batch.is_prefill or self.proposer is None or not any(batch.num_draft_tokens):
+        if self.proposer is None or not any(batch.num_draft_tokens):
             return None
         started = time.perf_counter()
         proposal = self.proposer.propose(batch.seqs, batch.num_draft_tokens)
         seconds = time.perf_counter() - started
         self.stats.drafting_seconds += seconds
-        self.policy.observe_drafting(seconds, len(batch.seqs), max(batch.num_draft_tokens))
+        num_drafting = sum(1 for k in batch.num_draft_tokens if k)
+        self.policy.observe_drafting(seconds, num_drafting, max(batch.num_draft_tokens))
         return proposal
 
-    def _advance(self, seq: Sequence, emitted: list[int], batch: ScheduledBatch, proposal, index: int):
+    def _advance(self, seq: Sequence, emitted: list[int], batch: ScheduledBatch, proposal,
+                 index: int) -> RequestOutput | None:
+        if not emitted:                                  # a prompt chunk short of the prompt's end
+            seq.num_computed_tokens += batch.num_new_tokens[index]
+            return None
         num_drafted = 0 if proposal is None else len(proposal.draft_token_ids[index])
         if num_drafted:
             seq.spec.record(num_drafted, len(emitted) - 1)

@@ -1,19 +1,22 @@
 """The one place that builds tensors: token lists and block tables in, logits and tokens out.
 
-A step feeds each sequence a ragged run of query tokens (the whole prompt at prefill;
-the last token plus k_i draft tokens when verifying) padded to [num_seqs, max_query_len].
-Keys are gathered from the paged cache by position (see models/attention.py).
+A step is flat (see models/attention.py): sequence i feeds a run of query tokens (a prompt
+chunk, or its last token plus k_i drafts), all runs concatenated into one row dimension.
+Logits are computed only where tokens are sampled: the last 1 + k_i positions of a
+sequence that emits this step, none for a prompt chunk that does not reach its end.
 """
+
+import itertools
 
 import torch
 
+from specwise.engine.sampling.rejection import greedy_accept, rejection_sample
 from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, request_generator
 from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
+from specwise.engine.spec_decode.proposer import Proposal
 from specwise.models.attention import AttentionMetadata
 from specwise.models.llama import LlamaForCausalLM
-from specwise.engine.spec_decode.proposer import Proposal
-from specwise.engine.sampling.rejection import greedy_accept, rejection_sample
 
 
 def kv_block_bytes(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -30,7 +33,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = device
         config = model.config
-        # one extra block at the end is the scratch target of padded positions
+        # one extra block at the end is the scratch target of padded key positions
         self.scratch_slot = num_blocks * block_size
         cache_shape = (config.num_hidden_layers, 2, (num_blocks + 1) * block_size,
                        config.num_key_value_heads, config.head_dim)
@@ -43,69 +46,97 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
-                last_only: bool, num_layers: int | None = None) -> torch.Tensor:
-        """Run the model over ragged query runs; logits [num_seqs, max_query_len or 1, vocab_size]."""
+                num_logits: list[int], num_layers: int | None = None) -> torch.Tensor:
+        """Run the model over the runs token_ids[i] (at positions start_positions[i]...);
+        returns logits of the last num_logits[i] positions of each run, flat and in order,
+        [sum(num_logits), vocab_size] fp32."""
         input_ids, positions, metadata = self._prepare(token_ids, start_positions, block_tables)
         kv_caches = self.kv_caches if num_layers is None else self.kv_caches[:num_layers]
-        hidden = self.model(input_ids, positions, kv_caches, metadata, num_layers)   # [num_seqs, q_len, hidden]
-        if last_only:
-            rows = torch.arange(len(token_ids), device=self.device)
-            last = torch.tensor([len(run) - 1 for run in token_ids], device=self.device)
-            hidden = hidden[rows, last].unsqueeze(1)                                # [num_seqs, 1, hidden]
-        num_seqs, q_len, hidden_size = hidden.shape
-        logits = self.model.compute_logits(hidden.reshape(-1, hidden_size))         # [num_seqs * q_len, vocab]
-        return logits.view(num_seqs, q_len, -1)
+        hidden = self.model(input_ids, positions, kv_caches, metadata, num_layers)   # [num_tokens, hidden]
+        ends = list(itertools.accumulate(len(run) for run in token_ids))
+        rows = [row for end, count in zip(ends, num_logits) for row in range(end - count, end)]
+        if len(rows) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]   # [sum(num_logits), hidden]
+        return self.model.compute_logits(hidden)
 
     def _prepare(self, token_ids, start_positions, block_tables):
-        """Index tensors of one step, built from host lists (sizes never read back from the device)."""
+        """Flat index tensors of one step, built on the host (no size is read back from the device)."""
         device = self.device
-        lens = [len(run) for run in token_ids]
-        context_lens_list = [start + length for start, length in zip(start_positions, lens)]
-        query_lens = torch.tensor(lens, device=device)                                              # [num_seqs]
-        starts = torch.tensor(start_positions, device=device)                                       # [num_seqs]
-        max_query_len = max(lens)
-        input_ids = torch.tensor([run + [0] * (max_query_len - len(run)) for run in token_ids], device=device)
-        offsets = torch.arange(max_query_len, device=device)
-        is_query = offsets < query_lens.unsqueeze(1)                                                # [num_seqs, q_len]
-        # padded queries sit at the sequence's first query position: harmless and never all-masked
-        positions = torch.where(is_query, starts.unsqueeze(1) + offsets, starts.unsqueeze(1))
-        context_lens = starts + query_lens
-        context_slots = self._context_slots(block_tables, context_lens, max(context_lens_list))   # [num_seqs, ctx]
-        slot_mapping = torch.where(is_query, context_slots.gather(1, positions), self.scratch_slot)
-        key_positions = torch.arange(context_slots.shape[1], device=device)
-        attn_mask = key_positions.view(1, 1, -1) <= positions.unsqueeze(2)                        # [num_seqs, q_len, ctx]
-        # one query per sequence over equally long contexts: every key is visible, no mask needed
-        unmasked = max_query_len == 1 and len(set(context_lens_list)) == 1
-        attn_mask = None if unmasked else attn_mask.unsqueeze(1)
-        return input_ids, positions, AttentionMetadata(slot_mapping, context_slots, attn_mask)
-
-    def _context_slots(self, block_tables: list[list[int]], context_lens: torch.Tensor,
-                       max_context_len: int) -> torch.Tensor:
-        """Cache slot of every key position, [num_seqs, max_context_len]; padding -> scratch slot."""
+        query_lens = [len(run) for run in token_ids]
+        context_lens = [start + length for start, length in zip(start_positions, query_lens)]
+        max_query_len, max_context_len = max(query_lens), max(context_lens)
         max_blocks = max(len(table) for table in block_tables)
         tables = torch.tensor([table + [self.num_blocks] * (max_blocks - len(table)) for table in block_tables],
-                              device=self.device)                                                   # [num_seqs, blocks]
-        key_positions = torch.arange(max_context_len, device=self.device)
-        slots = tables[:, key_positions // self.block_size] * self.block_size + key_positions % self.block_size
-        return torch.where(key_positions < context_lens.unsqueeze(1), slots, self.scratch_slot)
+                              device=device)                                               # [num_seqs, max_blocks]
+        positions = torch.tensor([start + offset for start, length in zip(start_positions, query_lens)
+                                  for offset in range(length)], device=device)             # [num_tokens]
+        seq_of_token = torch.tensor([row for row, length in enumerate(query_lens) for _ in range(length)],
+                                    device=device)                                          # [num_tokens]
+        slot_mapping = tables[seq_of_token, positions // self.block_size] * self.block_size + \
+            positions % self.block_size
+        key_positions = torch.arange(max_context_len, device=device)
+        context_slots = tables[:, key_positions // self.block_size] * self.block_size + \
+            key_positions % self.block_size                                                 # [num_seqs, ctx]
+        if len(set(context_lens)) > 1:
+            in_context = key_positions < torch.tensor(context_lens, device=device).unsqueeze(1)
+            context_slots = torch.where(in_context, context_slots, self.scratch_slot)
+        query_index = token_index = attn_mask = None
+        if max_query_len > 1:
+            starts = [0, *itertools.accumulate(query_lens)]
+            num_tokens = starts[-1]
+            query_index = torch.tensor([[starts[i] + j if j < length else num_tokens for j in range(max_query_len)]
+                                        for i, length in enumerate(query_lens)], device=device)
+            token_index = torch.tensor([i * max_query_len + j for i, length in enumerate(query_lens)
+                                        for j in range(length)], device=device)
+        if max_query_len > 1 or len(set(context_lens)) > 1:
+            # query j of sequence i sits at position start_i + j and sees keys 0 .. start_i + j
+            query_positions = torch.tensor([[start + min(j, length - 1) for j in range(max_query_len)]
+                                            for start, length in zip(start_positions, query_lens)], device=device)
+            attn_mask = (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)).unsqueeze(1)
+        metadata = AttentionMetadata(slot_mapping, query_index, context_slots, attn_mask, token_index)
+        input_ids = torch.tensor([token for run in token_ids for token in run], device=device)
+        return input_ids, positions, metadata
 
     def execute(self, batch: ScheduledBatch, proposal: Proposal | None) -> list[list[int]]:
-        """Prefill or verify one scheduled batch; returns the tokens each sequence emits."""
+        """Run one scheduled step; returns the tokens each sequence emits (none for a prompt
+        chunk that does not reach the end of its prompt)."""
         seqs = batch.seqs
-        if batch.is_prefill or proposal is None:
-            draft_token_ids = [[] for _ in seqs]
-        else:
-            draft_token_ids = proposal.draft_token_ids
-        token_ids = [seq.uncomputed_token_ids + drafts for seq, drafts in zip(seqs, draft_token_ids)]
-        starts = [seq.num_computed_tokens for seq in seqs]
-        logits = self.forward(token_ids, starts, [seq.block_table for seq in seqs], last_only=batch.is_prefill)
-        greedy = [seq.sampling_params.greedy for seq in seqs]
-        if all(greedy):
-            return greedy_accept(logits.argmax(dim=-1).tolist(), draft_token_ids)
-        target_probs = self.probs(logits, seqs)                             # [num_seqs, 1 + max_k, vocab]
-        draft_probs = None if proposal is None else proposal.padded_draft_probs(
-            target_probs.shape[1] - 1, target_probs.shape[2], self.device)
+        draft_token_ids = proposal.draft_token_ids if proposal is not None else [[] for _ in seqs]
+        token_ids = [seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + count] + drafts
+                     for seq, count, drafts in zip(seqs, batch.num_new_tokens, draft_token_ids)]
+        emitting = [index for index in range(len(seqs)) if batch.samples(index)]
+        num_logits = [0] * len(seqs)
+        for index in emitting:
+            num_logits[index] = 1 + len(draft_token_ids[index])
+        logits = self.forward(token_ids, [seq.num_computed_tokens for seq in seqs],
+                              [seq.block_table for seq in seqs], num_logits)               # [rows, vocab]
+        emitted = [[] for _ in seqs]
+        if emitting:
+            tokens = self.verify(logits, [seqs[i] for i in emitting], [draft_token_ids[i] for i in emitting],
+                                 proposal, emitting)
+            for index, row_tokens in zip(emitting, tokens):
+                emitted[index] = row_tokens
+        return emitted
+
+    def verify(self, logits: torch.Tensor, seqs: list[Sequence], draft_token_ids: list[list[int]],
+               proposal: Proposal | None, batch_rows: list[int]) -> list[list[int]]:
+        """logits [sum(1 + k_i), vocab]: each sequence's 1 + k_i positions in order -> emitted tokens."""
+        lengths = [1 + len(drafts) for drafts in draft_token_ids]
+        if all(seq.sampling_params.greedy for seq in seqs):
+            argmax = logits.argmax(dim=-1).tolist()
+            starts = [0, *itertools.accumulate(lengths)]
+            return greedy_accept([argmax[start:end] for start, end in zip(starts, starts[1:])], draft_token_ids)
+        width = max(lengths)
+        starts = [0, *itertools.accumulate(lengths)]
+        index = torch.tensor([[start + min(j, length - 1) for j in range(width)]
+                              for start, length in zip(starts, lengths)], device=self.device)
+        target_probs = self.probs(logits[index], seqs)                                   # [n, 1 + max_k, vocab]
+        draft_probs = None
+        if proposal is not None and width > 1:
+            padded = proposal.padded_draft_probs(width - 1, target_probs.shape[2], self.device)
+            draft_probs = None if padded is None else padded[torch.tensor(batch_rows, device=self.device)]
         generators = [self.generator(seq) for seq in seqs]
+        greedy = [seq.sampling_params.greedy for seq in seqs]
         return rejection_sample(target_probs, draft_token_ids, draft_probs, greedy, generators)
 
     def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

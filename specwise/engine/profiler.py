@@ -27,8 +27,9 @@ def time_step(runner: ModelRunner, batch_size: int, tokens_per_seq: int, context
     times = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        logits = runner.forward(token_ids, [context_len] * batch_size, block_tables, last_only=prefill)
-        runner.probs(logits, seqs)
+        num_logits = 1 if prefill else tokens_per_seq
+        logits = runner.forward(token_ids, [context_len] * batch_size, block_tables, [num_logits] * batch_size)
+        runner.probs(logits.view(batch_size, num_logits, -1), seqs)
         times.append(time.perf_counter() - started)
     return sorted(times[1:])[len(times[1:]) // 2]
 

@@ -58,5 +58,14 @@ class Sequence:
 
     @property
     def uncomputed_token_ids(self) -> list[int]:
-        """The tokens the next forward must feed (the whole prompt at prefill, else the last)."""
+        """The tokens the next forwards must feed (the rest of the prompt at prefill, else the last)."""
         return self.token_ids[self.num_computed_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than the last token still to compute: a prompt (or a preempted sequence) in chunks."""
+        return self.num_uncomputed_tokens > 1

@@ -54,12 +54,12 @@ class Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: KVCache, metadata: AttentionMetadata) -> torch.Tensor:
-        num_seqs, q_len, _ = hidden.shape
+        num_tokens = hidden.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         query, key, value = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        query = query.view(num_seqs, q_len, self.num_heads, self.head_dim)
-        key = key.view(num_seqs, q_len, self.num_kv_heads, self.head_dim)
-        value = value.view(num_seqs, q_len, self.num_kv_heads, self.head_dim)
+        query = query.view(num_tokens, self.num_heads, self.head_dim)
+        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         query, key = apply_rotary(query, *rope), apply_rotary(key, *rope)
         return self.o_proj(paged_attention(query, key, value, *kv_cache, metadata))
 
@@ -103,7 +103,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                 metadata: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
-        """input_ids, positions [num_seqs, q_len] -> final-normed hidden states [num_seqs, q_len, hidden].
+        """input_ids, positions [num_tokens] (flat, see attention.py) -> final-normed hidden states
+        [num_tokens, hidden].
 
         `num_layers` runs only the first layers (self-speculative drafting); `kv_caches`
         then needs only that many entries.

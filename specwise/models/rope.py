@@ -46,13 +46,13 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [num_seqs, num_tokens] -> cos, sin [num_seqs, num_tokens, 1, head_dim], once per forward."""
-        cos = F.embedding(positions, self.cos).unsqueeze(2).to(dtype)
-        sin = F.embedding(positions, self.sin).unsqueeze(2).to(dtype)
+        """positions [num_tokens] -> cos, sin [num_tokens, 1, head_dim], once per forward."""
+        cos = F.embedding(positions, self.cos).unsqueeze(-2).to(dtype)
+        sin = F.embedding(positions, self.sin).unsqueeze(-2).to(dtype)
         return cos, sin
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [num_seqs, num_tokens, heads, head_dim] rotated by its positions' angles."""
+    """x [num_tokens, heads, head_dim] rotated by its positions' angles (cos, sin [num_tokens, 1, head_dim])."""
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin

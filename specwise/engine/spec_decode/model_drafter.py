@@ -62,9 +62,9 @@ class ModelDrafter:
             if not group:
                 continue
             logits = self.runner.forward([inputs[row] for row in group], [starts[row] for row in group],
-                                         [seqs[row].block_table for row in group], last_only=True,
-                                         num_layers=self.num_layers)            # [len(group), 1, draft_vocab]
-            logits = self._fit_vocab(logits)
+                                         [seqs[row].block_table for row in group], num_logits=[1] * len(group),
+                                         num_layers=self.num_layers)            # [len(group), draft_vocab]
+            logits = self._fit_vocab(logits).unsqueeze(1)                       # [len(group), 1, vocab]
             group_probs = self.runner.probs(logits, [seqs[row] for row in group])[:, 0]   # [len(group), vocab]
             probs.update(zip(group, group_probs))
         return probs
