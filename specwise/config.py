@@ -2,9 +2,11 @@
 
 from dataclasses import dataclass, field
 
+from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8", "int4")     # weight-only formats, see specwise/models/quantize.py
 
 
 @dataclass
@@ -12,8 +14,13 @@ class EngineConfig:
     model: str | None = field(
         default=None, metadata={"help": "HF directory or GGUF file; default: embedded SmolLM2-135M-Instruct"})
     dtype: str = field(default="float32", metadata={"help": "compute dtype: float32, bfloat16 or float16"})
+    quantization: str = field(
+        default="none", metadata={"help": "weight-only format: none, int8 or int4 (LM head int8); needs "
+                                          "--dtype bfloat16"})
     max_num_seqs: int = field(default=64, metadata={"help": "most sequences in one step (batch size)"})
-    max_num_batched_tokens: int = field(default=4096, metadata={"help": "most tokens in one prefill step"})
+    max_num_batched_tokens: int = field(
+        default=512, metadata={"help": "most tokens in one step: decodes and drafts first, prompt chunks fill the "
+                                       "rest (a longer prompt is prefilled over several steps)"})
     max_model_len: int = field(default=2048, metadata={"help": "longest prompt + output, in tokens"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
     kv_cache_gb: float = field(default=1.0, metadata={"help": "memory budget of the paged KV cache, GiB"})
@@ -25,7 +32,7 @@ class EngineConfig:
     num_speculative_tokens: int = field(default=4, metadata={"help": "draft tokens per step (k, the most with a policy)"})
     speculative_policy: str = field(
         default="static", metadata={"help": "k per step: static, auto (cost model + measured acceptance), "
-                                            "or table:1=4,8=2,32=0 (batch >= N -> k)"})
+                                            "or table:1=4/8=2/32=0 (k 4 from batch 1, 2 from 8, off from 32)"})
     step_profile: str | None = field(
         default=None, metadata={"help": "step-cost profile from `specwise calibrate` for --speculative-policy auto "
                                         "(default: measured at start-up)"})
@@ -33,17 +40,19 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quantization != "none" and self.dtype != "bfloat16":
+            raise ConfigError(f"{self.quantization} weights run with bfloat16 activations: add --dtype bfloat16")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_num_batched_tokens < self.max_model_len:
-            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                              f"max_model_len ({self.max_model_len}) so any prompt fits in one prefill")
         if self.kv_cache_gb <= 0:
             raise ConfigError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if not (self.speculative_policy in ("static", "auto") or self.speculative_policy.startswith("table:")):
             raise ConfigError(f"speculative_policy must be static, auto or table:..., got {self.speculative_policy!r}")
-        if not 0 <= self.num_speculative_tokens <= 16:
-            raise ConfigError(f"num_speculative_tokens must be in 0..16, got {self.num_speculative_tokens}")
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, "
+                              f"got {self.num_speculative_tokens}")

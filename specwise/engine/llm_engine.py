@@ -38,7 +38,7 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.model_config = checkpoint.config
         self.max_model_len = min(config.max_model_len, checkpoint.config.max_position_embeddings)
-        self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len)
+        self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len, config.quantization)
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_gb * 2**30 // kv_block_bytes(self.model, config.block_size, self.dtype))
         self.block_manager = BlockManager(num_blocks, config.block_size)

@@ -15,7 +15,7 @@ from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, r
 from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
 from specwise.engine.spec_decode.proposer import Proposal
-from specwise.models.attention import AttentionMetadata
+from specwise.models.attention import AttentionMetadata, SeqAttention
 from specwise.models.llama import LlamaForCausalLM
 
 
@@ -33,10 +33,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = device
         config = model.config
-        # one extra block at the end is the scratch target of padded key positions
-        self.scratch_slot = num_blocks * block_size
-        cache_shape = (config.num_hidden_layers, 2, (num_blocks + 1) * block_size,
-                       config.num_key_value_heads, config.head_dim)
+        cache_shape = (config.num_hidden_layers, 2, config.num_key_value_heads, num_blocks * block_size,
+                       config.head_dim)
         self.kv_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.generators: dict[int, torch.Generator] = {}
@@ -61,41 +59,25 @@ class ModelRunner:
 
     def _prepare(self, token_ids, start_positions, block_tables):
         """Flat index tensors of one step, built on the host (no size is read back from the device)."""
-        device = self.device
-        query_lens = [len(run) for run in token_ids]
-        context_lens = [start + length for start, length in zip(start_positions, query_lens)]
-        max_query_len, max_context_len = max(query_lens), max(context_lens)
-        max_blocks = max(len(table) for table in block_tables)
-        tables = torch.tensor([table + [self.num_blocks] * (max_blocks - len(table)) for table in block_tables],
-                              device=device)                                               # [num_seqs, max_blocks]
-        positions = torch.tensor([start + offset for start, length in zip(start_positions, query_lens)
-                                  for offset in range(length)], device=device)             # [num_tokens]
-        seq_of_token = torch.tensor([row for row, length in enumerate(query_lens) for _ in range(length)],
-                                    device=device)                                          # [num_tokens]
-        slot_mapping = tables[seq_of_token, positions // self.block_size] * self.block_size + \
-            positions % self.block_size
-        key_positions = torch.arange(max_context_len, device=device)
-        context_slots = tables[:, key_positions // self.block_size] * self.block_size + \
-            key_positions % self.block_size                                                 # [num_seqs, ctx]
-        if len(set(context_lens)) > 1:
-            in_context = key_positions < torch.tensor(context_lens, device=device).unsqueeze(1)
-            context_slots = torch.where(in_context, context_slots, self.scratch_slot)
-        query_index = token_index = attn_mask = None
-        if max_query_len > 1:
-            starts = [0, *itertools.accumulate(query_lens)]
-            num_tokens = starts[-1]
-            query_index = torch.tensor([[starts[i] + j if j < length else num_tokens for j in range(max_query_len)]
-                                        for i, length in enumerate(query_lens)], device=device)
-            token_index = torch.tensor([i * max_query_len + j for i, length in enumerate(query_lens)
-                                        for j in range(length)], device=device)
-        if max_query_len > 1 or len(set(context_lens)) > 1:
-            # query j of sequence i sits at position start_i + j and sees keys 0 .. start_i + j
-            query_positions = torch.tensor([[start + min(j, length - 1) for j in range(max_query_len)]
-                                            for start, length in zip(start_positions, query_lens)], device=device)
-            attn_mask = (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)).unsqueeze(1)
-        metadata = AttentionMetadata(slot_mapping, query_index, context_slots, attn_mask, token_index)
+        device, offsets = self.device, torch.arange(self.block_size)
+        new_slots, seqs, row = [], [], 0
+        for run, start, table in zip(token_ids, start_positions, block_tables):
+            context_len = start + len(run)
+            # the cache slot of every position 0 .. context_len - 1, on the host
+            context = (torch.tensor(table).unsqueeze(1) * self.block_size + offsets).view(-1)[:context_len]
+            new_slots.append(context[start:])
+            if start == 0:
+                seqs.append(SeqAttention(row, row + len(run), None, None))
+            else:
+                # query j sits at position start + j and sees keys 0 .. start + j
+                mask = None if len(run) == 1 else \
+                    torch.ones(len(run), context_len, dtype=torch.bool).tril(start).to(device)
+                seqs.append(SeqAttention(row, row + len(run), context.to(device), mask))
+            row += len(run)
+        positions = [start + offset for run, start in zip(token_ids, start_positions) for offset in range(len(run))]
         input_ids = torch.tensor([token for run in token_ids for token in run], device=device)
-        return input_ids, positions, metadata
+        metadata = AttentionMetadata(torch.cat(new_slots).to(device), seqs)
+        return input_ids, torch.tensor(positions, device=device), metadata
 
     def execute(self, batch: ScheduledBatch, proposal: Proposal | None) -> list[list[int]]:
         """Run one scheduled step; returns the tokens each sequence emits (none for a prompt

@@ -1,23 +1,23 @@
 """Paged attention over a flat batch of query tokens, in plain PyTorch.
 
-The KV cache of one layer is a flat array of slots, [num_slots, num_kv_heads, head_dim];
-slot = block_id * block_size + offset. A step's query tokens are flat: all sequences'
-tokens in one row dimension, [num_tokens, ...], sequence i owning rows
-[query_start[i], query_start[i] + query_len[i]). The model runner turns block tables into
-index tensors, so this module never sees blocks:
+The KV cache of one layer is [num_kv_heads, num_slots, head_dim] per side (keys, values);
+slot = block_id * block_size + offset, so a sequence's keys are gathered head-major and
+contiguous. A step's query tokens are flat: all sequences' tokens in one row dimension
+[num_tokens, ...], so linear layers never compute padding (a prefill of prompts of 47 and
+315 tokens costs 362 tokens, not 2 x 315). The runner builds, once per step:
 
-  slot_mapping   [num_tokens]              where each new token's K/V is written
-  query_index    [num_seqs, max_query_len] flat row of each sequence's j-th query (padding -> num_tokens,
-                                           a zero row), or None when every sequence has one query
-  context_slots  [num_seqs, max_context_len] the slots of every key position to attend to
-  attn_mask      [num_seqs, 1, max_query_len, max_context_len] True = may attend, or None
-  token_index    [num_tokens]              row of each flat token in the [num_seqs * max_query_len] layout
+  slot_mapping  [num_tokens]   where each new token's K/V is written
+  seqs          per sequence: its rows [start, end) of the flat batch and how it attends:
+                  - a prompt chunk from position 0 sees exactly its own new K/V, causally:
+                    attention runs on them directly, nothing is read back from the cache;
+                  - otherwise it reads its context from the cache (context_slots [context_len])
+                    and, with several queries (a later chunk, or 1 + k when verifying drafts),
+                    a mask [q_len, context_len]: query j at position p_j sees keys 0 .. p_j.
 
-Linear layers see only the flat tokens (a prefill of prompts of 47 and 315 tokens costs
-362 tokens, not 2 x 315). Attention groups each sequence's queries with its own keys;
-keys past a sequence's context point at a scratch slot and are masked out. Because keys
-are read by position, a rejected draft token's K/V is simply overwritten next step:
-rollback costs nothing.
+Each sequence attends to its own context only (no padding to the longest context in the
+batch: measured 1.4-2.7x faster than the padded batched form at batch 4-64 on CPU). Keys are
+read by position, so a rejected draft token's K/V is simply overwritten next step: rollback
+costs nothing.
 """
 
 from dataclasses import dataclass
@@ -27,41 +27,39 @@ import torch.nn.functional as F
 
 
 @dataclass
+class SeqAttention:
+    start: int                              # first row of the sequence's queries in the flat batch
+    end: int
+    context_slots: torch.Tensor | None      # [context_len] slots to read, or None: attend to the new K/V
+    mask: torch.Tensor | None               # [q_len, context_len] True = may attend, or None
+
+
+@dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor
-    query_index: torch.Tensor | None
-    context_slots: torch.Tensor
-    attn_mask: torch.Tensor | None
-    token_index: torch.Tensor | None
+    slot_mapping: torch.Tensor              # [num_tokens]
+    seqs: list[SeqAttention]
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     key_cache: torch.Tensor, value_cache: torch.Tensor,
                     metadata: AttentionMetadata) -> torch.Tensor:
-    """query [num_tokens, heads, head_dim]; key/value [num_tokens, kv_heads, head_dim].
-
-    Returns [num_tokens, heads * head_dim].
-    """
+    """query [num_tokens, heads, head_dim]; key/value [num_tokens, kv_heads, head_dim];
+    caches [kv_heads, num_slots, head_dim]. Returns [num_tokens, heads * head_dim]."""
     num_tokens, num_heads, head_dim = query.shape
-    key_cache.index_copy_(0, metadata.slot_mapping, key)
-    value_cache.index_copy_(0, metadata.slot_mapping, value)
-    num_seqs, max_context_len = metadata.context_slots.shape
-    if metadata.query_index is None:                                      # one query per sequence
-        queries = query.unsqueeze(1)                                      # [num_seqs, 1, heads, head_dim]
-    else:
-        padded = torch.cat([query, query.new_zeros(1, num_heads, head_dim)])
-        queries = padded[metadata.query_index]                            # [num_seqs, max_q, heads, head_dim]
-    # index_select, not cache[slots]: advanced indexing on a large cache is ~30x slower on CPU
-    context_shape = (num_seqs, max_context_len, *key_cache.shape[1:])
-    flat_context = metadata.context_slots.reshape(-1)
-    context_keys = key_cache.index_select(0, flat_context).view(context_shape)   # [num_seqs, ctx, kv_heads, head_dim]
-    context_values = value_cache.index_select(0, flat_context).view(context_shape)
-    output = F.scaled_dot_product_attention(
-        queries.transpose(1, 2),                                          # [num_seqs, heads, max_q, head_dim]
-        context_keys.transpose(1, 2),                                     # [num_seqs, kv_heads, ctx, head_dim]
-        context_values.transpose(1, 2),
-        attn_mask=metadata.attn_mask,
-        enable_gqa=True,
-    )                                                                     # [num_seqs, heads, max_q, head_dim]
-    output = output.transpose(1, 2).reshape(-1, num_heads * head_dim)     # [num_seqs * max_q, heads * head_dim]
-    return output if metadata.token_index is None else output[metadata.token_index]
+    key, value = key.transpose(0, 1), value.transpose(0, 1)               # [kv_heads, num_tokens, head_dim]
+    key_cache.index_copy_(1, metadata.slot_mapping, key)
+    value_cache.index_copy_(1, metadata.slot_mapping, value)
+    outputs = []
+    for seq in metadata.seqs:
+        queries = query[seq.start:seq.end].transpose(0, 1)               # [heads, q_len, head_dim]
+        if seq.context_slots is None:                                     # whole context is new: causal
+            keys, values = key[:, seq.start:seq.end], value[:, seq.start:seq.end]
+        else:
+            keys = key_cache.index_select(1, seq.context_slots)           # [kv_heads, context_len, head_dim]
+            values = value_cache.index_select(1, seq.context_slots)
+        # 4-D inputs: SDPA's fused CPU kernel needs the batch dimension (3-D falls back to plain math)
+        output = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=seq.mask,
+                                                enable_gqa=True,
+                                                is_causal=seq.context_slots is None and seq.end - seq.start > 1)
+        outputs.append(output[0].transpose(0, 1).reshape(seq.end - seq.start, num_heads * head_dim))
+    return torch.cat(outputs)

@@ -12,7 +12,7 @@ from specwise.models.attention import AttentionMetadata, paged_attention
 from specwise.models.config import ModelConfig
 from specwise.models.rope import RotaryEmbedding, apply_rotary
 
-KVCache = tuple[torch.Tensor, torch.Tensor]   # key, value: [num_slots, kv_heads, head_dim] each
+KVCache = tuple[torch.Tensor, torch.Tensor]   # key, value: [kv_heads, num_slots, head_dim] each
 _ONEDNN_LINEAR = hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
 
 

@@ -13,6 +13,7 @@ from specwise.models.default_model import default_model_path
 from specwise.models.gguf_loader import read_gguf
 from specwise.models.hf_loader import read_hf_dir
 from specwise.models.llama import LlamaForCausalLM
+from specwise.models.quantize import pack_weights
 from specwise.models.rope import RotaryEmbedding
 from specwise.models.tokenizer import Tokenizer
 
@@ -66,12 +67,14 @@ def is_gguf(path: Path) -> bool:
         raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from None
 
 
-def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
-    """Allocate without random init (meta device), load weights, then compute the rope tables."""
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: str, max_positions: int,
+                quantization: str = "none") -> LlamaForCausalLM:
+    """Allocate without random init (meta device), load weights, compute the rope tables, then
+    pack the weights in their format (see quantize.py)."""
     config = checkpoint.config
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions)
     model = model.to_empty(device=device).to(dtype)
     model.load_weights({name: tensor.to(dtype) for name, tensor in checkpoint.weights.items()})
     model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling).to(device)
-    return model.eval().requires_grad_(False)
+    return pack_weights(model.eval().requires_grad_(False), dtype, quantization, device)

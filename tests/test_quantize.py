@@ -1,0 +1,93 @@
+"""Weight formats: each kernel wrapper against a plain matmul on random weights, the packing of a
+model, config errors, and (integration) the default model's logits next to its fp32 logits."""
+
+import pytest
+import torch
+from torch import nn
+
+from specwise.config import EngineConfig
+from specwise.errors import ConfigError
+from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear, pack_weights
+
+# relative Frobenius error of the output against x @ W.T in fp32, per format (inputs ~N(0, 1),
+# weights ~N(0, 0.05)): bf16 rounds activations and weights to 8 bits of mantissa; int8 and int4
+# add their own rounding (int4: 16 levels per group of 32)
+BOUNDS = {OneDNNLinear: 0.01, Int8Linear: 0.02, Int4Linear: 0.12}
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((ours.float() - reference).norm() / reference.norm())
+
+
+@pytest.mark.parametrize("kind", [OneDNNLinear, Int8Linear, Int4Linear])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_each_kernel_matches_a_plain_matmul(kind, rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 128, generator=generator) * 0.05
+    bias = torch.randn(96, generator=generator)
+    x = torch.randn(rows, 128, generator=generator)
+    layer = kind(weight, bias)
+    out = layer(x.to(torch.bfloat16))
+    assert out.shape == (rows, 96) and out.dtype == torch.bfloat16
+    assert relative_error(out, x @ weight.T + bias) < BOUNDS[kind]
+    # leading dimensions are kept: [2, rows, 128] -> [2, rows, 96]
+    assert layer(x.to(torch.bfloat16).expand(2, rows, 128)).shape == (2, rows, 96)
+
+
+def test_int4_keeps_weights_already_on_its_grid():
+    # weights with 16 levels per group of 32 (as a Q4 GGUF stores them) lose only the bf16 rounding
+    # of scales, zeros and activations: far below the 0.12 of random weights
+    generator = torch.Generator().manual_seed(0)
+    levels = torch.randint(0, 16, (64, 128), generator=generator).float()
+    scales = torch.rand(64, 4, 1, generator=generator) * 0.01 + 0.001
+    weight = (levels.view(64, 4, 32) * scales - 0.05).view(64, 128)
+    x = torch.randn(3, 128, generator=generator).to(torch.bfloat16)
+    reference = x.float() @ weight.T
+    assert relative_error(Int4Linear(weight, None)(x), reference) < 0.03
+
+
+class TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+        self.lm_head = nn.Linear(64, 32, bias=False)
+
+
+@pytest.mark.parametrize("quantization, kinds", [("none", (OneDNNLinear, OneDNNLinear)),
+                                                 ("int8", (Int8Linear, Int8Linear)),
+                                                 ("int4", (Int4Linear, Int8Linear))])
+def test_pack_weights_swaps_every_linear_and_keeps_the_head_at_int8(quantization, kinds):
+    model = pack_weights(TwoLinears(), torch.bfloat16, quantization, "cpu")
+    assert (type(model.proj), type(model.lm_head)) == kinds
+
+
+def test_fp32_keeps_plain_linears():
+    model = pack_weights(TwoLinears(), torch.float32, "none", "cpu")
+    assert type(model.proj) is nn.Linear
+
+
+@pytest.mark.parametrize("kwargs, fragment", [(dict(quantization="int8"), "--dtype bfloat16"),
+                                              (dict(quantization="fp8", dtype="bfloat16"), "none, int8, int4")])
+def test_bad_quantization_settings(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        EngineConfig(**kwargs)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dtype, quantization, bound, agreement", [("bfloat16", "none", 0.03, 0.95),
+                                                                   ("bfloat16", "int8", 0.05, 0.90),
+                                                                   ("bfloat16", "int4", 0.05, 0.90)])
+def test_default_model_logits_stay_near_fp32(dtype, quantization, bound, agreement):
+    from specwise.engine.llm import LLM
+    text = ("Speculative decoding lets a small drafter propose tokens that the target model checks in one "
+            "forward pass, so the output is exactly what the target alone would have written.")
+    reference = LLM(num_kv_blocks=64)
+    ids = reference.tokenizer.encode(text)
+    table = list(range(reference.engine.runner.blocks_for(len(ids))))
+    fp32 = reference.engine.runner.forward([ids], [0], [table], num_logits=[len(ids)])
+    packed = LLM(num_kv_blocks=64, dtype=dtype, quantization=quantization).engine.runner
+    ours = packed.forward([ids], [0], [table], num_logits=[len(ids)])
+    error = relative_error(ours, fp32)
+    same_top1 = float((ours.argmax(-1) == fp32.argmax(-1)).float().mean())
+    print(f"\n[{dtype} {quantization}] relative logit error {error:.4f}, top-1 agreement {same_top1:.3f}")
+    assert error < bound and same_top1 >= agreement
