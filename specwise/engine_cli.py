@@ -104,7 +104,7 @@ def run_calibrate(args) -> int:
                                                   args.repeats, advance)
     prefill = dict(prefill_tokens=totals, prefill_seconds=prefill_seconds,
                    prefill_prompt_len=args.prefill_prompt_len) if totals else {}
-    prefill["prefill_pads_to_longest"] = True       # the runner pads a step's prompts to the longest
+    prefill["prefill_pads_to_longest"] = False      # flat steps: a prefill costs its total prompt tokens
     profile = ProfileCost(*axes, seconds, prefill=prefill,
                           machine=f"{platform.machine()} {platform.processor() or ''} "
                                   f"{torch.get_num_threads()} threads".strip(),

@@ -27,7 +27,8 @@ def test_calibrate_writes_a_profile_with_its_grid_and_prefill_axis(tmp_path, mod
     assert len(data["seconds"]) == 2 and all(len(row) == 2 and len(row[0]) == 2 for row in data["seconds"])
     # 16 -> one prompt of 16; 40 -> one of 40; 41 rounds to one of 41; 128 -> four of 32
     assert data["prefill_tokens"] == [16, 40, 41, 128] and data["prefill_prompt_len"] == 32
-    assert all(seconds > 0 for seconds in data["prefill_seconds"]) and data["prefill_pads_to_longest"]
+    assert all(seconds > 0 for seconds in data["prefill_seconds"])
+    assert data["prefill_pads_to_longest"] is False          # flat steps: no padding to the longest prompt
     profile = ProfileCost.load(path)
     assert profile.prefill_time([64, 64]) == pytest.approx(data["prefill_seconds"][-1])
     assert "wrote" in capsys.readouterr().out
