@@ -7,7 +7,7 @@ In one run, on the same prompts (token ids from our chat template), greedy:
     ours          no speculation, ngram, layer_skip:L (each L of --layer-skip) and draft:PATH
                   (with --draft), each at every k of --ks: output tokens/s (prompt included in the
                   time, as a user sees it) and its speedup over no speculation; TPOT (decode only)
-                  and its speedup; acceptance rate and mean acceptance length (DESIGN.md
+                  and its speedup; acceptance rate and mean acceptance length (docs/design.md
                   definitions, from the engine's own counters)
     transformers  `generate` plain, with prompt_lookup_num_tokens=k (its n-gram drafter) and with
                   assistant_early_exit=L (its layer-skip drafter, num_assistant_tokens=k constant)

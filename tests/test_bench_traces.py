@@ -1,19 +1,52 @@
-"""Trace readers: the real Azure files, small Mooncake and BurstGPT samples, malformed rows."""
+"""Trace readers: the built-in Azure traces, small Mooncake and BurstGPT samples, malformed rows."""
 
 import statistics
+import tomllib
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
+import specwise
 from specwise.bench.inputs.bad_rows import BadRows
-from specwise.bench.inputs.traces import detect_format, read_trace
+from specwise.bench.inputs.traces import BUILTIN_TRACES, detect_format, read_trace, resolve_trace
+from specwise.bench.load.config import LoadConfig
+from specwise.bench.load.plan import build_plan
 from specwise.errors import InputError
 
-AZURE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"
-needs_azure = pytest.mark.skipif(not (AZURE / "code.csv").exists(), reason="Azure traces not on this machine")
+AZURE = BUILTIN_TRACES["azure-code"].parent       # inside the package, never ../shared
 
 
-@needs_azure
+def test_builtin_traces_ship_inside_the_package_with_their_attribution():
+    package = Path(specwise.__file__).parent
+    for name, path in BUILTIN_TRACES.items():
+        assert resolve_trace(name) == path and path.is_file()
+        assert package in path.parents
+    attribution = (AZURE / "README.md").read_text()
+    assert "CC-BY 4.0" in attribution and "Splitwise" in attribution
+    # and pyproject's package-data ships them (and the README) in a wheel
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["specwise"]
+    for path in (*BUILTIN_TRACES.values(), AZURE / "README.md"):
+        assert any(fnmatch(path.relative_to(package).as_posix(), glob) for glob in globs)
+
+
+@pytest.mark.parametrize("name, rows", [("azure-code", 8819), ("azure-conv", 19366)])
+def test_trace_flag_takes_a_builtin_name(name, rows):
+    plan = build_plan(LoadConfig(trace=name))
+    assert len(plan.workload) == rows
+    assert plan.info["source"] == f"trace {name}" and plan.info["requests"] == rows
+    assert [point.kind for point in plan.loads] == ["trace"]
+
+
+def test_unknown_trace_name_lists_the_builtin_ones(tmp_path):
+    with pytest.raises(InputError, match="azure-cod: no such trace file; built-in traces: azure-code, azure-conv"):
+        build_plan(LoadConfig(trace="azure-cod"))
+    path = tmp_path / "azure-code.csv"                # a user's file keeps working, whatever its name
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,12,3\n")
+    assert [(r.prompt_tokens, r.max_tokens) for r in build_plan(LoadConfig(trace=str(path))).workload] == [(12, 3)]
+
+
 @pytest.mark.parametrize("name, rows, prompt_median, output_median", [
     ("code", 8819, 1469, 13), ("conv", 19366, 1020, 129)])
 def test_azure_traces_match_their_published_shape(name, rows, prompt_median, output_median):
@@ -27,7 +60,6 @@ def test_azure_traces_match_their_published_shape(name, rows, prompt_median, out
     assert all(r.ignore_eos and r.prompt is None and r.category == "trace" for r in requests)
 
 
-@needs_azure
 def test_azure_first_rows_and_sub_second_timestamps():
     requests = read_trace(AZURE / "code.csv")
     first, second = requests[:2]

@@ -21,7 +21,7 @@ from specwise.calc.roofline import RooflineCost
 from specwise.sim.records import build_records
 from specwise.sim.simulator import ServerConfig, Simulator
 
-AZURE_CONV = "/work/shared/traces/azure-llm-2023/conv.csv"
+AZURE_CONV = "azure-conv"                 # built-in trace, shipped in the package
 
 
 def tpot_gain(deployment, arm, requests, qps) -> float:

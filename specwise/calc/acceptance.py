@@ -1,6 +1,6 @@
 """How many drafts survive: i.i.d. acceptance (Leviathan et al.'s alpha) or measured per-position rates.
 
-Per-position acceptance p_i is DESIGN.md's definition: drafts accepted at position i /
+Per-position acceptance p_i is the definition in docs/design.md: drafts accepted at position i /
 drafts. Acceptance is prefix-wise (position i survives only if 1..i-1 did), so
 p_1 >= p_2 >= ... and a verification step emits 1 + sum_i p_i tokens on average.
 With i.i.d. acceptance alpha, p_i = alpha^i and the expected tokens per step is
@@ -93,7 +93,7 @@ class Acceptance:
         return 1.0 + float(self.rates(k).sum())
 
     def acceptance_rate(self, k: int) -> float:
-        """accepted / drafted at k drafts per step (DESIGN.md's acceptance rate)."""
+        """accepted / drafted at k drafts per step (the acceptance rate of docs/design.md)."""
         return (self.expected_tokens(k) - 1.0) / k if k else 0.0
 
     def describe(self) -> str:

@@ -10,6 +10,12 @@ Formats (auto-detected from the first line):
 
 Every request gets `arrival_time` in seconds from the first arrival, `prompt_tokens`,
 `max_tokens` = the generated length and `ignore_eos=True` (replay forces that length).
+
+Built-in traces, shipped in `data/traces/` with their attribution (CC-BY 4.0):
+  azure-code   Azure LLM inference 2023, coding service, one hour, 8,819 requests
+  azure-conv   Azure LLM inference 2023, conversation service, one hour, 19,366 requests
+`--trace` takes one of these names or a path; a name wins over a file of the same name
+(write `./azure-code` for the file).
 """
 
 import csv
@@ -21,16 +27,19 @@ from specwise.bench.inputs.request import WorkloadRequest
 from specwise.errors import InputError
 
 TRACE_FORMATS = ("azure", "mooncake", "burstgpt")
+TRACE_DIR = Path(__file__).parent / "data" / "traces"
+BUILTIN_TRACES = {
+    "azure-code": TRACE_DIR / "azure-llm-2023" / "code.csv",
+    "azure-conv": TRACE_DIR / "azure-llm-2023" / "conv.csv",
+}
 _AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
 _BURSTGPT_COLUMNS = ("timestamp", "request tokens", "response tokens")
 
 
 def read_trace(path, fmt: str | None = None, skip_bad_rows: bool = False,
                bad_rows: BadRows | None = None) -> list[WorkloadRequest]:
-    """Read a trace file; `bad_rows` (optional) collects what was skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such trace file")
+    """Read a trace (a built-in name or a file); `bad_rows` (optional) collects what was skipped."""
+    path = resolve_trace(path)
     fmt = fmt or detect_format(path)
     if fmt not in TRACE_FORMATS:
         raise InputError(f"unknown trace format {fmt!r}; choose one of {', '.join(TRACE_FORMATS)}")
@@ -45,6 +54,16 @@ def read_trace(path, fmt: str | None = None, skip_bad_rows: bool = False,
                             max_tokens=output, prompt_tokens=prompt, arrival_time=time - start,
                             ignore_eos=True, extra={"trace_format": fmt, "trace_line": line})
             for line, time, prompt, output in rows]
+
+
+def resolve_trace(trace) -> Path:
+    """A built-in trace name or a path -> the file to read; InputError if there is none."""
+    if str(trace) in BUILTIN_TRACES:
+        return BUILTIN_TRACES[str(trace)]
+    path = Path(trace)
+    if not path.is_file():
+        raise InputError(f"{trace}: no such trace file; built-in traces: {', '.join(BUILTIN_TRACES)}")
+    return path
 
 
 def detect_format(path: Path) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from specwise.bench.load.arrivals import parse_values
-from specwise.bench.inputs.traces import TRACE_FORMATS
+from specwise.bench.inputs.traces import BUILTIN_TRACES, TRACE_FORMATS
 from specwise.errors import ConfigError
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
@@ -22,7 +22,9 @@ def help_field(text: str, default=None):
 class LoadConfig:
     workload: str = help_field("suite, suite:CAT1,CAT2 or a JSONL file (prompt or messages per line)", "suite")
     per_category: int | None = help_field("suite prompts per category; none: all of them")
-    trace: str | None = help_field("replay a production trace: Azure CSV, Mooncake JSONL or BurstGPT CSV")
+    trace: str | None = help_field(f"replay a production trace: built-in {' or '.join(BUILTIN_TRACES)} "
+                                   "(Azure LLM inference 2023, one hour each), or a file: Azure CSV, "
+                                   "Mooncake JSONL or BurstGPT CSV")
     trace_format: str | None = help_field("trace format: azure, mooncake or burstgpt; none: detected")
     time_scale: float = help_field("trace replay speed: 2 replays twice as fast", 1.0)
     concurrency: str | None = help_field("closed-loop concurrency sweep; none (and no --rate or --trace): the default sweep")

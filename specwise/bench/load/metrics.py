@@ -1,4 +1,4 @@
-"""Metric definitions (DESIGN.md vocabulary), computed from RequestRecords.
+"""Metric definitions (docs/design.md vocabulary), computed from RequestRecords.
 
     TTFT  = first chunk arrival - send
     TPOT  = (e2e - TTFT) / (output_tokens - 1), per request with >= 2 output tokens
