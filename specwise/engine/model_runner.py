@@ -70,9 +70,9 @@ class ModelRunner:
                 seqs.append(SeqAttention(row, row + len(run), None, None))
             else:
                 # query j sits at position start + j and sees keys 0 .. start + j
-                mask = None if len(run) == 1 else \
-                    torch.ones(len(run), context_len, dtype=torch.bool).tril(start).to(device)
-                seqs.append(SeqAttention(row, row + len(run), context.to(device), mask))
+                bias = None if len(run) == 1 else torch.full((len(run), context_len), float("-inf"),
+                                                             dtype=self.kv_cache.dtype).triu(start + 1).to(device)
+                seqs.append(SeqAttention(row, row + len(run), context.to(device), bias))
             row += len(run)
         positions = [start + offset for run, start in zip(token_ids, start_positions) for offset in range(len(run))]
         input_ids = torch.tensor([token for run in token_ids for token in run], device=device)
