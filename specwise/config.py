@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4")     # weight-only formats, see specwise/models/quantize.py
 
 
@@ -13,7 +13,9 @@ QUANTIZATIONS = ("none", "int8", "int4")     # weight-only formats, see specwise
 class EngineConfig:
     model: str | None = field(
         default=None, metadata={"help": "HF directory or GGUF file; default: embedded SmolLM2-135M-Instruct"})
-    dtype: str = field(default="float32", metadata={"help": "compute dtype: float32, bfloat16 or float16"})
+    dtype: str = field(default="auto", metadata={
+        "help": "compute dtype: auto (bfloat16 where the CPU has native bf16 instructions, else float32), "
+                "float32, bfloat16 or float16"})
     quantization: str = field(
         default="none", metadata={"help": "weight-only format: none, int8 or int4 (LM head int8); needs "
                                           "--dtype bfloat16"})
@@ -42,7 +44,7 @@ class EngineConfig:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
-        if self.quantization != "none" and self.dtype != "bfloat16":
+        if self.quantization != "none" and self.dtype not in ("bfloat16", "auto"):
             raise ConfigError(f"{self.quantization} weights run with bfloat16 activations: add --dtype bfloat16")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:

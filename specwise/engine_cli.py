@@ -109,7 +109,7 @@ def run_calibrate(args) -> int:
                           machine=f"{platform.machine()} {platform.processor() or ''} "
                                   f"{torch.get_num_threads()} threads".strip(),
                           model=f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
-                                f"{engine.config.dtype}")
+                                f"{str(engine.dtype).removeprefix('torch.')}")
     with open(args.output, "w", encoding="utf-8") as stream:
         json.dump(profile.to_json(), stream, indent=1)
     print(f"wrote {args.output}: batch 1 decode {seconds[0][0][0] * 1000:.1f} ms/step")

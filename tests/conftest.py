@@ -10,7 +10,8 @@ from tiny_models import tiny_checkpoint
 torch.set_num_threads(1)
 
 # A KV cache big enough that the shared tiny engine never preempts.
-TINY_ENGINE = dict(num_kv_blocks=512, block_size=4, max_model_len=96, max_num_batched_tokens=1024)
+# fp32: the exactness and parity tests compare token for token
+TINY_ENGINE = dict(dtype="float32", num_kv_blocks=512, block_size=4, max_model_len=96, max_num_batched_tokens=1024)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ def run(tmp_path_factory):
     workload.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     config = EvaluateConfig(methods="off,ngram:1-3@3", workload=str(workload), concurrency="1,3",
                             num_requests=6, warmup=1, output=str(directory / "results"), progress=False)
-    outcome = evaluate(config, EngineConfig(max_model_len=256, num_kv_blocks=256), argv=[],
+    outcome = evaluate(config, EngineConfig(dtype="float32", max_model_len=256, num_kv_blocks=256), argv=[],
                        checkpoint=tiny_checkpoint())
     return outcome, read_records(outcome.results_dir)
 
@@ -95,7 +95,7 @@ def test_next_arm_waits_for_requests_cut_off_in_the_last_one(tmp_path, monkeypat
     # concurrency 1: the quick request is the first wave (always measured), the long one the cut-off second
     config = EvaluateConfig(methods="off,ngram:1-3@3", workload=str(workload), concurrency="1", num_requests=2,
                             duration=0.5, warmup=0, output=str(tmp_path / "out"), progress=False)
-    outcome = evaluate(config, EngineConfig(max_model_len=256, num_kv_blocks=256, max_num_batched_tokens=256),
+    outcome = evaluate(config, EngineConfig(dtype="float32", max_model_len=256, num_kv_blocks=256, max_num_batched_tokens=256),
                        argv=[], checkpoint=tiny_checkpoint())
     records = read_records(outcome.results_dir)
     assert sorted(r.arm for r in records) == ["ngram-1-3-k3", "off"]

@@ -22,7 +22,7 @@ from tiny_checkpoints import TINY_VOCAB_SIZE, make_tiny_hf_config, tiny_tokenize
     write_hf_checkpoint
 from tiny_models import random_weights
 
-ENGINE = dict(num_kv_blocks=128, block_size=4, max_model_len=96, max_num_batched_tokens=256)
+ENGINE = dict(dtype="float32", num_kv_blocks=128, block_size=4, max_model_len=96, max_num_batched_tokens=256)
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(", "The quick brown fox jumps", "x"]
 PADDED_VOCAB = 448
 

@@ -281,7 +281,7 @@ def test_nothing_is_kept_for_finished_requests(llm):
 @pytest.fixture(scope="module")
 def small_cache_llm():
     # 16 blocks of 4 = 64 slots: six 30-token requests need 48 blocks, so some are preempted
-    return LLM(checkpoint=tiny_checkpoint(), num_kv_blocks=16, block_size=4, max_model_len=64,
+    return LLM(checkpoint=tiny_checkpoint(), dtype="float32", num_kv_blocks=16, block_size=4, max_model_len=64,
                max_num_batched_tokens=64)
 
 
@@ -306,7 +306,7 @@ def test_preempted_requests_are_recomputed_to_the_same_outputs(llm, small_cache_
 @pytest.fixture(scope="module")
 def cache_smaller_than_window_llm():
     # 4 blocks of 4 = 16 slots, less than max_model_len 64
-    return LLM(checkpoint=tiny_checkpoint(), num_kv_blocks=4, block_size=4, max_model_len=64,
+    return LLM(checkpoint=tiny_checkpoint(), dtype="float32", num_kv_blocks=4, block_size=4, max_model_len=64,
                max_num_batched_tokens=64)
 
 
@@ -396,7 +396,7 @@ def test_bad_speculative_method(speculative, fragment):
 
 def test_a_long_prompt_joins_running_requests_in_chunks_without_changing_any_output(llm):
     budget = 8
-    chunked = LLM(checkpoint=tiny_checkpoint(), num_kv_blocks=128, block_size=4, max_model_len=96,
+    chunked = LLM(checkpoint=tiny_checkpoint(), dtype="float32", num_kv_blocks=128, block_size=4, max_model_len=96,
                   max_num_batched_tokens=budget).engine
     long_prompt = [(7 * i) % 250 for i in range(60)]
     running = [chunked.add_request(prompt, greedy(30, ignore_eos=True)) for prompt in PROMPTS[:2]]

@@ -133,7 +133,7 @@ def test_ragged_batch_with_padding_then_ragged_decode_matches(pair):
 def test_engine_greedy_matches_hf_greedy(pair):
     prompt = random_ids(12, seed=2)
     checkpoint = Checkpoint(pair.config, pair.weights, byte_tokenizer(), Path(pair.name))
-    llm = LLM(checkpoint=checkpoint, num_kv_blocks=32, block_size=BLOCK_SIZE, max_model_len=64,
+    llm = LLM(checkpoint=checkpoint, dtype="float32", num_kv_blocks=32, block_size=BLOCK_SIZE, max_model_len=64,
               max_num_batched_tokens=64)
     ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].output_token_ids
     ids = list(prompt)
@@ -151,7 +151,7 @@ PLAIN = ["Once upon a time, in a small village,", "def fibonacci(n):"]
 
 @pytest.fixture(scope="module")
 def default_llm():
-    return LLM(num_kv_blocks=64, block_size=16, max_model_len=1024, max_num_batched_tokens=1024)
+    return LLM(dtype="float32", num_kv_blocks=64, block_size=16, max_model_len=1024, max_num_batched_tokens=1024)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from torch import nn
 
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError
+from specwise.models import quantize
 from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear, pack_weights
 
 # relative Frobenius error of the output against x @ W.T in fp32, per format (inputs ~N(0, 1),
@@ -66,7 +67,7 @@ def test_fp32_keeps_plain_linears():
     assert type(model.proj) is nn.Linear
 
 
-@pytest.mark.parametrize("kwargs, fragment", [(dict(quantization="int8"), "--dtype bfloat16"),
+@pytest.mark.parametrize("kwargs, fragment", [(dict(quantization="int8", dtype="float32"), "--dtype bfloat16"),
                                               (dict(quantization="fp8", dtype="bfloat16"), "none, int8, int4")])
 def test_bad_quantization_settings(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
@@ -91,3 +92,10 @@ def test_default_model_logits_stay_near_fp32(dtype, quantization, bound, agreeme
     same_top1 = float((ours.argmax(-1) == fp32.argmax(-1)).float().mean())
     print(f"\n[{dtype} {quantization}] relative logit error {error:.4f}, top-1 agreement {same_top1:.3f}")
     assert error < bound and same_top1 >= agreement
+
+
+@pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_dtype_follows_the_cpus_bf16_instructions(monkeypatch, native, expected):
+    monkeypatch.setattr(quantize, "_cpu_has_native_bf16", lambda: native)
+    assert quantize.compute_dtype("auto", "cpu") == expected
+    assert quantize.compute_dtype("float32", "cpu") == torch.float32

@@ -22,7 +22,7 @@ from specwise.server.app import create_app
 from specwise.server.cli import uvicorn_config
 from specwise.server.config import ServerConfig
 
-TINY_ENGINE = dict(max_model_len=256, num_kv_blocks=96, max_num_seqs=8, speculative="ngram")
+TINY_ENGINE = dict(dtype="float32", max_model_len=256, num_kv_blocks=96, max_num_seqs=8, speculative="ngram")
 MODEL = "tiny"
 
 

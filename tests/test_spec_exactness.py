@@ -40,7 +40,7 @@ from tiny_checkpoints import make_tiny_hf_config, write_hf_checkpoint
 from tiny_models import random_weights
 
 TARGET_LAYERS = 3
-ENGINE = dict(num_kv_blocks=256, block_size=4, max_model_len=128, max_num_batched_tokens=512)
+ENGINE = dict(dtype="float32", num_kv_blocks=256, block_size=4, max_model_len=128, max_num_batched_tokens=512)
 PROMPTS = [   # (text, max_tokens): mixed prompt and output lengths, repeats for the n-gram drafter
     ("def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", 40),
     ("The quick brown fox jumps over the lazy dog. The quick brown fox", 28),
@@ -272,7 +272,7 @@ def test_preemption_under_a_tiny_kv_cache_keeps_output_exact_and_frees_every_blo
 def test_k_changing_from_step_to_step_keeps_output_exact(models, references, drafter):
     """A k table (the batch size picks k: 5 alone, 2 from 3 sequences on, off from 5) changes k as requests
     join and leave: drafter state kept from a longer or an empty step must still be handled."""
-    engine = make_engine(models, drafter, 5, speculative_policy="table:1=5,3=2,5=0")
+    engine = make_engine(models, drafter, 5, speculative_policy="table:1=5/3=2/5=0")
     asked = []
     propose = engine.proposer.propose
 
@@ -319,7 +319,7 @@ REAL_PARAMS = SamplingParams(temperature=0, max_tokens=40)
 
 @pytest.fixture(scope="module")
 def real_llm():
-    return LLM(max_model_len=512, num_kv_blocks=128)
+    return LLM(dtype="float32", max_model_len=512, num_kv_blocks=128)
 
 
 @pytest.fixture(scope="module")

@@ -165,7 +165,7 @@ def test_exact_tuple_probabilities_are_a_distribution(setup):
 def sample(setup: Setup, speculative: str | None) -> tuple[dict[str, list[tuple]], LLMEngine, SpecStats]:
     """NUM_SEEDS requests per setting in one engine; first DEPTH tokens of each, and the summed per-request stats."""
     num_requests = NUM_SEEDS * len(SETTINGS)
-    engine = LLMEngine(EngineConfig(speculative=speculative, num_speculative_tokens=K, block_size=BLOCK_SIZE,
+    engine = LLMEngine(EngineConfig(dtype="float32", speculative=speculative, num_speculative_tokens=K, block_size=BLOCK_SIZE,
                                     num_kv_blocks=num_requests * 12 + 16, max_model_len=128,
                                     max_num_batched_tokens=8192, max_num_seqs=num_requests), setup.target)
     request_ids = {}

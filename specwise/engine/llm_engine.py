@@ -10,7 +10,6 @@ import random
 import time
 import uuid
 
-import torch
 
 from specwise.config import EngineConfig
 from specwise.engine.block_manager import BlockManager
@@ -21,6 +20,7 @@ from specwise.engine.scheduler import ScheduledBatch, Scheduler
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
+from specwise.models.quantize import compute_dtype
 from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
@@ -33,7 +33,7 @@ Prompt = str | list[int] | list[dict]
 class LLMEngine:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
         self.config = config
-        self.dtype = getattr(torch, config.dtype)
+        self.dtype = compute_dtype(config.dtype, config.device)
         checkpoint = checkpoint or load_checkpoint(config.model, self.dtype)
         self.tokenizer = checkpoint.tokenizer
         self.model_config = checkpoint.config

@@ -84,6 +84,25 @@ class Int4Linear(nn.Module):
         return out.view(*x.shape[:-1], -1)
 
 
+def compute_dtype(name: str, device: str) -> torch.dtype:
+    """`auto`: bfloat16 where the hardware computes it natively (CPU flags avx512_bf16 or amx_bf16,
+    or a GPU that supports it), else float32; any other name is taken as it is."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if device == "cpu" and _cpu_has_native_bf16() else torch.float32
+
+
+def _cpu_has_native_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as stream:
+            flags = next((line for line in stream if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device: str) -> nn.Module:
     """Swap the Linear layers of a loaded model for the kernels of its weight format (CPU only;
     fp32 and other devices keep plain nn.Linear)."""
