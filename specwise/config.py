@@ -28,6 +28,9 @@ class EngineConfig:
     kv_cache_gb: float = field(default=1.0, metadata={"help": "memory budget of the paged KV cache, GiB"})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "KV-cache blocks (overrides --kv-cache-gb)"})
     seed: int = field(default=0, metadata={"help": "engine seed for requests without their own"})
+    num_threads: int | None = field(
+        default=None, metadata={"help": "torch threads computing each step (default: torch's choice, one per "
+                                        "core; a server may run faster leaving a core to its HTTP loop)"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     speculative: str | None = field(
         default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L (none = off)"})
@@ -49,6 +52,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.kv_cache_gb <= 0:
             raise ConfigError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -10,6 +10,8 @@ import random
 import time
 import uuid
 
+import torch
+
 
 from specwise.config import EngineConfig
 from specwise.engine.block_manager import BlockManager
@@ -33,6 +35,8 @@ Prompt = str | list[int] | list[dict]
 class LLMEngine:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
         self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)     # process-wide, as torch has it
         self.dtype = compute_dtype(config.dtype, config.device)
         checkpoint = checkpoint or load_checkpoint(config.model, self.dtype)
         self.tokenizer = checkpoint.tokenizer
