@@ -21,8 +21,8 @@ class ScrapeError(InputError):
     """A scrape that gave no snapshot; the message is complete and names the URL."""
 
 
-def scrape(client: httpx.Client, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Snapshot:
-    read_at = time.time()
+def scrape(client: httpx.Client, url: str, timeout: float = DEFAULT_TIMEOUT_S, clock=time.time) -> Snapshot:
+    read_at = clock()
     try:
         response = client.get(url, timeout=timeout)
     except httpx.TimeoutException:
