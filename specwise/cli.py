@@ -11,6 +11,7 @@ ROOMS = [
     "specwise.server.cli",
     "specwise.bench.cli",
     "specwise.calc.cli",
+    "specwise.sim.cli",
     "specwise.monitor.cli",
 ]
 

@@ -7,6 +7,7 @@ import pytest
 from specwise.bench.load.metrics import PointMetrics, Stats
 from specwise.bench.report.recommend import contiguous_ranges, crossover, recommend
 from specwise.bench.report.summary import ALL, Row, Summary, add_speedups
+from specwise.engine.spec_decode.config import DEFAULT_MAX_N, DEFAULT_MIN_N
 
 LOADS = [1, 2, 4, 8, 16]
 # mean TPOT (ms) and output throughput (tok/s) per concurrency
@@ -96,7 +97,6 @@ def test_best_arm_per_load(recommendation):
 
 
 def test_server_configs_with_batch_size_table(recommendation):
-    from specwise.engine.spec_decode.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N
     ngram = next(c for c in recommendation.configs if c["spec"] == "ngram")
     assert ngram["k"] == 4 and ngram["pays"]
     assert ngram["batch_size_table"] == [[1, 7, 4], [8, 15, 2], [16, 64, 0]]

@@ -6,13 +6,16 @@ import json
 import pytest
 
 from specwise.bench.results import RequestRecord, read_records, read_run_info
-from specwise.calc.cli import register
+from specwise.calc import cli as calc_cli
 from specwise.errors import ConfigError, InputError
+from specwise.sim import cli as sim_cli
 
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="specwise")
-    register(parser.add_subparsers(dest="command", required=True))
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for room in (calc_cli, sim_cli):
+        room.register(subparsers)
     args = parser.parse_args(argv)
     return args.handler(args)
 
@@ -78,7 +81,7 @@ def test_simulate_writes_evaluate_results(tmp_path, capsys):
     out_dir = tmp_path / "sim"
     assert run(["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", "suite:chat,code_editing",
                 "--per-category", "2", "--max-tokens", "32", "--concurrency", "1,4",
-                "--arm", "ngram:k=3,alpha=0.6", "--arm", "draft:policy=1-4/4-1,alpha=0.7,drafter=llama-3.2-1b",
+                "--arm", "ngram:k=3,alpha=0.6", "--arm", "draft:policy=1=4/4=1,alpha=0.7,drafter=llama-3.2-1b",
                 "--output", str(out_dir)]) == 0
     info = read_run_info(out_dir)
     assert info["tool"] == "simulate" and info["baseline"] == "off"
@@ -111,7 +114,7 @@ def test_simulate_takes_prompt_lengths_and_duration_like_a_measured_run(tmp_path
     (measured / "requests.jsonl").write_text("".join(row.to_json() + "\n" for row in rows))
     out_dir = tmp_path / "sim"
     assert run(["simulate", "--model", "smollm2-135m", "--gpu", "l4", "--workload", "suite:chat", "--per-category", "3",
-                "--concurrency", "2", "--duration", "0.01", "--prompt-tokens-from", str(measured),
+                "--concurrency", "2", "--duration", "0.01", "--prompt-tokens-from", str(measured), "--order", "file",
                 "--output", str(out_dir)]) == 0
     records = read_records(out_dir)
     # nothing is sent after 10 ms: the first wave of two, with the lengths the measured run counted

@@ -12,7 +12,7 @@ from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.engine.step_profile import ProfileCost
 from specwise.sim.records import build_records
-from specwise.sim.simulator import ServerConfig, Simulator
+from specwise.sim.simulator import SimServerConfig, Simulator
 from specwise.errors import ConfigError
 
 DEPLOYMENT = Deployment.from_config(DeploymentConfig(model="smollm2-135m", gpu="h100-sxm"))
@@ -37,7 +37,7 @@ def requests(count: int, max_tokens, arrivals=None) -> list[WorkloadRequest]:
 
 
 def simulate(batch, arm, load, duration=None):
-    return Simulator(COST, ServerConfig(), 100_000).run(batch, arm, load, duration=duration)
+    return Simulator(COST, SimServerConfig(), 100_000).run(batch, arm, load, duration=duration)
 
 
 def record(request_id, output_tokens, drafts, per_position) -> RequestRecord:

@@ -19,7 +19,7 @@ from specwise.sim.cli import point_figures
 from specwise.sim.records import build_records, write_results
 from specwise.sim.state import SimState
 from specwise.sim.workload import prompt_tokens
-from specwise.sim.simulator import ServerConfig, Simulator
+from specwise.sim.simulator import SimServerConfig, Simulator
 
 DEPLOYMENT = Deployment.from_config(DeploymentConfig(model="llama-3.1-8b", gpu="h100-sxm"))
 COST = RooflineCost(DEPLOYMENT)
@@ -37,11 +37,11 @@ def workload(count=120, seed=3, trace=False) -> list[WorkloadRequest]:
 
 def arms():
     return [OFF, parse_arm("ngram:k=4,alpha=0.6", COST, DEPLOYMENT),
-            parse_arm("draft:policy=1-4/16-2/48-0,positions=0.9/0.7/0.5/0.3,drafter=llama-3.2-1b", COST, DEPLOYMENT)]
+            parse_arm("draft:policy=1=4/16=2/48=0,positions=0.9/0.7/0.5/0.3,drafter=llama-3.2-1b", COST, DEPLOYMENT)]
 
 
 def simulate(requests, arm, load, capacity=CAPACITY, seed=0, **server):
-    return Simulator(COST, ServerConfig(**server), capacity, seed=seed).run(requests, arm, load)
+    return Simulator(COST, SimServerConfig(**server), capacity, seed=seed).run(requests, arm, load)
 
 
 LOADS = [LoadPoint("concurrency", 1), LoadPoint("concurrency", 32), LoadPoint("rate", 30.0),
@@ -123,7 +123,7 @@ def test_acceptance_matches_the_configured_rates():
 
 def test_batch_size_policy_turns_speculation_off_at_high_concurrency():
     requests = workload(96)
-    arm = parse_arm("ngram:policy=1-4/24-0,alpha=0.7", COST, DEPLOYMENT)
+    arm = parse_arm("ngram:policy=1=4/24=0,alpha=0.7", COST, DEPLOYMENT)
     busy = build_records(simulate(requests, arm, LoadPoint("concurrency", 64)))
     calm = build_records(simulate(requests, arm, LoadPoint("concurrency", 2)))
     steps = lambda records: sum(len(r.chunk_tokens) for r in records)            # noqa: E731

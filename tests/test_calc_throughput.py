@@ -6,7 +6,7 @@ import pytest
 from specwise.calc.acceptance import expected_tokens_per_step
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
-from specwise.calc.drafter import KPolicy, ModelDraftCost, NoDraftCost, RelativeDraftCost
+from specwise.calc.drafter import ModelDraftCost, NoDraftCost, RelativeDraftCost
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.throughput import (ThroughputConfig, batch_grid, crossover, decode_rates, describe_switches,
                                       max_batch, switches, throughput_table)
@@ -67,7 +67,7 @@ def test_arm_parsing(h100):
     ngram = parse_arm("ngram:k=3,positions=0.7/0.5/0.3", cost, d)
     assert (ngram.name, ngram.k_for(100), isinstance(ngram.draft, NoDraftCost)) == ("ngram-k3", 3, True)
     assert ngram.acceptance_for("chat").expected_tokens(3) == pytest.approx(2.5)
-    adaptive = parse_arm("draft:policy=1-5/32-3/128-0,alpha=0.8,drafter=llama-3.2-1b,name=dyn", cost, d)
+    adaptive = parse_arm("draft:policy=1=5/32=3/128=0,alpha=0.8,drafter=llama-3.2-1b,name=dyn", cost, d)
     assert adaptive.name == "dyn" and [adaptive.k_for(b) for b in (1, 31, 32, 200)] == [5, 5, 3, 0]
     assert isinstance(adaptive.draft, ModelDraftCost) and adaptive.drafter.model.name == "llama-3.2-1b"
     assert parse_arm("ngram:alpha=0.5", cost, d).name == "ngram-k4"
@@ -79,15 +79,6 @@ def test_arm_parsing(h100):
                 ":k=1", "ngram:k=4,alpha=x"):
         with pytest.raises(ConfigError):
             parse_arm(bad, cost, d)
-
-
-def test_k_policy():
-    policy = KPolicy.parse("1-4/16-2/64-0")
-    assert [policy.k_for(b) for b in (1, 15, 16, 63, 64, 1000)] == [4, 4, 2, 2, 0, 0]
-    assert policy.max_k == 4 and not policy.is_fixed and policy.describe() == "1-4/16-2/64-0"
-    for bad in ("4-2", "1-2/1-3", "1-x", "1-2-3", "1-99"):
-        with pytest.raises(ConfigError):
-            KPolicy.parse(bad)
 
 
 def test_relative_and_budgeted_draft_costs(h100):

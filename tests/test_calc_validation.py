@@ -19,7 +19,7 @@ from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
 from specwise.sim.records import build_records
-from specwise.sim.simulator import ServerConfig, Simulator
+from specwise.sim.simulator import SimServerConfig, Simulator
 
 AZURE_CONV = "azure-conv"                 # built-in trace, shipped in the package
 
@@ -29,7 +29,7 @@ def tpot_gain(deployment, arm, requests, qps) -> float:
     tpot = {}
     for which in (OFF, arm):
         capacity = deployment.memory_plan(which.drafter).kv_capacity_tokens
-        result = Simulator(cost, ServerConfig(), capacity).run(requests, which, LoadPoint("rate", qps))
+        result = Simulator(cost, SimServerConfig(), capacity).run(requests, which, LoadPoint("rate", qps))
         tpot[which.name] = point_metrics(build_records(result), SLO.from_dict({})).tpot.mean
     return tpot["off"] / tpot[arm.name]
 
@@ -57,7 +57,7 @@ def test_azure_conversation_hour_simulates_in_seconds():
     for arm in (OFF, parse_arm("draft:k=4,alpha=0.7,drafter=llama-3.2-1b", cost, deployment)):
         started = time.perf_counter()
         capacity = deployment.memory_plan(arm.drafter).kv_capacity_tokens
-        result = Simulator(cost, ServerConfig(), capacity).run(requests, arm, LoadPoint("trace", 1.0))
+        result = Simulator(cost, SimServerConfig(), capacity).run(requests, arm, LoadPoint("trace", 1.0))
         simulated = time.perf_counter() - started
         records = build_records(result)
         total = time.perf_counter() - started

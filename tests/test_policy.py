@@ -27,11 +27,11 @@ def test_static_policy_always_returns_k():
 
 
 def test_table_policy_follows_batch_thresholds():
-    policy = TablePolicy.parse("1=4,8=2,32=0", max_k=4)
+    policy = TablePolicy.parse("1=4/8=2/32=0", max_k=4)
     assert [policy.choose_k(batch, 0) for batch in (1, 7, 8, 31, 32, 64)] == [4, 4, 2, 2, 0, 0]
 
 
-@pytest.mark.parametrize("text", ["8=2", "1=9", "1:4", "x"])
+@pytest.mark.parametrize("text", ["8=2", "1=9", "1:4", "x", "1=4,8=2"])
 def test_table_policy_rejects_bad_tables(text):
     with pytest.raises(ConfigError):
         TablePolicy.parse(text, max_k=4)

@@ -1,17 +1,15 @@
-"""Calculators and a simulator that answer on paper: does speculative decoding pay on this GPU,
-for this model and drafter, at this concurrency? (docs/calculators.md explains the model.)
+"""Calculators that answer on paper: does speculative decoding pay on this GPU, for this model
+and drafter, at this concurrency? (docs/calculators.md explains the model; the simulator,
+`specwise simulate`, is specwise/sim and builds on these.)
 
     catalog      GPUSpec, ModelSpec, get_gpu, get_model        spec-sheet figures with sources
     deployment   DeploymentConfig, Deployment, MemoryPlan      a model on tp GPUs; does it fit
-    stepcost     StepCostModel                                 seconds per forward pass (interface)
-    roofline     RooflineCost                                  ... from catalog figures
-    profile      ProfileCost                                   ... from a measured grid
+    roofline     RooflineCost                                  seconds per forward pass, from catalog figures
     acceptance   Acceptance, expected_tokens_per_step          i.i.d. alpha or per-position rates
     speedup      speedup_table, breakeven_alpha                `specwise calc speedup`
     latency      estimate_latency                              `specwise calc latency`
     throughput   throughput_table, switches                    `specwise calc throughput`
-    arms         parse_arm, SpecArm; drafter: KPolicy          speculation configurations
-    simulator    Simulator, ServerConfig                       `specwise simulate`
+    arms         parse_arm, SpecArm                            speculation configurations
 
 Names are importable from here too (loaded on first use, so `specwise.calc` stays quick).
 """
@@ -21,16 +19,12 @@ import importlib
 _EXPORTS = {
     "catalog": ("GPUSpec", "ModelSpec", "get_gpu", "get_model"),
     "deployment": ("DeploymentConfig", "Deployment", "MemoryPlan"),
-    "stepcost": ("StepCostModel",),
     "roofline": ("RooflineCost",),
-    "profile": ("ProfileCost",),
     "acceptance": ("Acceptance", "expected_tokens_per_step"),
     "speedup": ("speedup_table", "breakeven_alpha"),
     "latency": ("estimate_latency",),
     "throughput": ("throughput_table", "switches"),
     "arms": ("parse_arm", "SpecArm"),
-    "drafter": ("KPolicy",),
-    "simulator": ("Simulator", "ServerConfig"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specwise.bench.results import read_records, read_run_info
 from specwise.errors import ConfigError, InputError
 
 
@@ -122,8 +123,6 @@ def _acceptance(drafts: float, accepted: np.ndarray, steps: float) -> Acceptance
 
 
 def _arm_records(results_dir: Path, arm: str) -> list:
-    from specwise.bench.results import read_records
-
     return [record for record in read_records(results_dir)
             if record.arm == arm and not record.warmup and not record.error]
 
@@ -156,8 +155,6 @@ def _request_totals(records: list) -> dict:
 
 
 def _server_totals(results_dir: Path, arm: str, records: list) -> dict:
-    from specwise.bench.results import read_run_info
-
     totals: dict = {}
     if not (results_dir / "run.json").exists():
         return totals

@@ -5,9 +5,9 @@ An arm is written METHOD[:KEY=VALUE,...], for example
     ngram:k=4,alpha=0.6
     draft:k=4,alpha=0.8,drafter=qwen2.5-0.5b
     eagle:positions=0.8/0.6/0.45,cost=0.05
-    draft:policy=1-5/32-3/128-0,alpha=0.8,drafter=llama-3.2-1b
+    draft:policy=1=5/32=3/128=0,alpha=0.8,drafter=llama-3.2-1b
     draft:k=4,from=results/eval1,arm=draft-k4,drafter=smollm2-135m
-Keys: k (default: as many as the measured positions, else 4) | policy (batch size -> k);
+Keys: k (default: as many as the measured positions, else 4) | policy (a k table: k_table.py);
 acceptance: alpha | positions | rate (measured accepted / drafted at this k) | from (an
 evaluate results directory, with arm = its arm name, default this arm's name); drafted
 (share of steps that carry drafts, default 1, or as measured with from); drafting
@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from specwise.calc.acceptance import Acceptance, alpha_from_acceptance_rate, measured_acceptance
 from specwise.calc.catalog import get_model
 from specwise.calc.deployment import Deployment
-from specwise.calc.drafter import DraftCost, KPolicy, ModelDraftCost, NoDraftCost, RelativeDraftCost
+from specwise.calc.drafter import DraftCost, ModelDraftCost, NoDraftCost, RelativeDraftCost
 from specwise.calc.roofline import RooflineCost
+from specwise.engine.spec_decode.k_table import KTable
 from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
@@ -36,7 +37,7 @@ KEYS = ("k", "policy", "alpha", "positions", "rate", "from", "arm", "drafted", "
 class SpecArm:
     name: str
     method: str
-    policy: KPolicy | None = None                 # None: no speculation
+    policy: KTable | None = None                 # None: no speculation
     acceptance: dict[str, Acceptance] = field(default_factory=dict)   # category -> acceptance, "*" = any
     draft: DraftCost = field(default_factory=NoDraftCost)
     overhead_s: float = 0.0
@@ -66,7 +67,7 @@ class SpecArm:
         info = {"name": self.name, "method": self.method}
         if self.policy:
             info["k"] = self.policy.steps[0][1] if self.policy.is_fixed else None
-            info["k_policy"] = None if self.policy.is_fixed else self.policy.describe()
+            info["k_policy"] = None if self.policy.is_fixed else self.policy.to_text()
             info["acceptance"] = {key: value.describe() for key, value in self.acceptance.items()}
             info["drafting"] = self.draft.description
             info["overhead_ms"] = self.overhead_s * 1e3
@@ -102,7 +103,7 @@ def build_arm(method: str, keys: dict[str, str], target: StepCostModel, deployme
         acceptance = {key: dataclasses.replace(value, draft_fraction=fraction) for key, value in acceptance.items()}
     if policy is None:
         measured = [a.max_k for a in acceptance.values() if a.max_k is not None]
-        policy = KPolicy.fixed(min(measured) if measured else DEFAULT_K)
+        policy = KTable.fixed(min(measured) if measured else DEFAULT_K)
     draft, drafter = _draft_cost(text, method, keys, target, deployment)
     name = keys.get("name") or (f"{method}-k{policy.steps[0][1]}" if policy.is_fixed else f"{method}-adaptive")
     return SpecArm(name=name, method=method, policy=policy, acceptance=acceptance, draft=draft,
@@ -129,16 +130,16 @@ def _number(text: str, keys: dict, key: str, default=None, kind=float):
         raise ConfigError(f"arm {text!r}: {key}={keys[key]!r} is not a number") from None
 
 
-def _policy(text: str, keys: dict) -> KPolicy | None:
+def _policy(text: str, keys: dict) -> KTable | None:
     if "k" in keys and "policy" in keys:
         raise ConfigError(f"arm {text!r}: give k or policy, not both")
     if "policy" in keys:
-        return KPolicy.parse(keys["policy"])
+        return KTable.parse(keys["policy"])
     k = _number(text, keys, "k", kind=int)
-    return None if k is None else KPolicy.fixed(k)
+    return None if k is None else KTable.fixed(k)
 
 
-def _acceptance(text: str, method: str, keys: dict, policy: KPolicy | None) -> dict[str, Acceptance]:
+def _acceptance(text: str, method: str, keys: dict, policy: KTable | None) -> dict[str, Acceptance]:
     given = [key for key in ("alpha", "positions", "rate", "from") if key in keys]
     if len(given) != 1:
         raise ConfigError(f"arm {text!r}: give exactly one of alpha, positions, rate, from")

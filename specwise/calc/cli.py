@@ -1,16 +1,20 @@
-"""`specwise calc {speedup,latency,throughput,catalog}` and `specwise simulate`."""
+"""`specwise calc {speedup,latency,throughput,catalog}`, and the helpers `specwise simulate` shares
+(the step-cost source, the rich tables)."""
 
 import argparse
+
+from rich.console import Console
+from rich.table import Table
 
 from specwise.calc.catalog import gpu_names, get_gpu, get_model, model_names
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.latency import LatencyConfig, estimate_latency
-from specwise.engine.step_profile import ProfileCost
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.speedup import SpeedupConfig, best_row, minimum_alpha, speedup_table
 from specwise.calc.throughput import (ThroughputConfig, batch_grid, describe_switches, max_batch, switches,
                                       throughput_table)
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
+from specwise.engine.step_profile import ProfileCost
 
 
 def register(subparsers) -> None:
@@ -24,8 +28,6 @@ def register(subparsers) -> None:
     _add(calculators, "throughput", _throughput, "tokens/s against batch size with and without speculation",
          DeploymentConfig, ThroughputConfig, profile=True)
     _add(calculators, "catalog", _catalog, "the GPUs and models in the catalog, with sources")
-    from specwise.sim.cli import register_simulate
-    register_simulate(subparsers)
 
 
 def _add(subparsers, name, handler, help_text, *configs, profile=False):
@@ -46,13 +48,11 @@ def target_cost(args, deployment: Deployment):
     return ProfileCost.load(args.profile) if args.profile else RooflineCost(deployment)
 
 
-def console():
-    from rich.console import Console
+def console() -> Console:
     return Console()
 
 
-def table(title: str, *columns: str):
-    from rich.table import Table
+def table(title: str, *columns: str) -> Table:
     result = Table(title=title, title_justify="left")
     for index, column in enumerate(columns):
         result.add_column(column, justify="left" if index == 0 else "right")

@@ -1,4 +1,4 @@
-"""What drafting costs, and how many drafts to ask for at each batch size.
+"""What drafting costs (how many drafts at each batch size: engine/spec_decode/k_table.py).
 
 DraftCost gives the seconds to propose k tokens for every sequence of a batch:
   NoDraftCost        n-gram prompt lookup: no GPU work (its CPU time goes in the arm's overhead)
@@ -6,13 +6,9 @@ DraftCost gives the seconds to propose k tokens for every sequence of a batch:
   ModelDraftCost     a draft model on the same GPUs, run k times autoregressively; with
                      `kv_budget` it attends to at most that many cached tokens per sequence
                      (MagicDec's StreamingLLM-style self-speculation)
-
-KPolicy maps the batch size of a step to k, e.g. "1-5/32-3/128-0": k = 5 from batch 1,
-3 from batch 32, off from batch 128.
 """
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,49 +74,3 @@ class ModelDraftCost(DraftCost):
 
     def prefill_time(self, prompt_lens) -> float:
         return self.drafter.prefill_time(prompt_lens)
-
-
-@dataclass(frozen=True)
-class KPolicy:
-    steps: tuple[tuple[int, int], ...]       # (smallest batch size, k), increasing batch sizes
-
-    def __post_init__(self):
-        batches = [batch for batch, _ in self.steps]
-        if not self.steps or batches[0] != 1 or batches != sorted(set(batches)):
-            raise ConfigError(f"k policy must start at batch size 1 with increasing batch sizes, got {self.steps}")
-        if any(k < 0 or k > 32 for _, k in self.steps):
-            raise ConfigError(f"k must be in 0..32, got {self.steps}")
-
-    @classmethod
-    def fixed(cls, k: int) -> "KPolicy":
-        return cls(((1, k),))
-
-    @classmethod
-    def parse(cls, text: str) -> "KPolicy":
-        """"1-5/32-3/128-0" -> k = 5 from batch 1, 3 from 32, 0 from 128."""
-        try:
-            steps = tuple(tuple(int(part) for part in item.split("-")) for item in text.split("/"))
-            if any(len(step) != 2 for step in steps):
-                raise ValueError
-        except ValueError:
-            raise ConfigError(f"k policy {text!r}: expected BATCH-K pairs separated by '/', "
-                              "e.g. 1-5/32-3/128-0") from None
-        return cls(steps)
-
-    def k_for(self, batch_size: int) -> int:
-        k = self.steps[0][1]
-        for batch, value in self.steps:
-            if batch_size >= batch:
-                k = value
-        return k
-
-    @property
-    def max_k(self) -> int:
-        return max(k for _, k in self.steps)
-
-    @property
-    def is_fixed(self) -> bool:
-        return len(self.steps) == 1
-
-    def describe(self) -> str:
-        return "/".join(f"{batch}-{k}" for batch, k in self.steps)

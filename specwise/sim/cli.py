@@ -17,14 +17,15 @@ import numpy as np
 
 from specwise.bench.load.config import LoadConfig, check_positive, help_field
 from specwise.bench.load.plan import Plan, build_plan
+from specwise.bench.results import read_records
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
-from specwise.sim.records import write_results
-from specwise.sim.workload import prompt_tokens
-from specwise.sim.simulator import ServerConfig, Simulator
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.errors import ConfigError
+from specwise.sim.records import write_results
+from specwise.sim.simulator import SimServerConfig, Simulator
+from specwise.sim.workload import prompt_tokens
 
 
 @dataclass
@@ -47,10 +48,10 @@ class SimulateConfig(LoadConfig):
             check_positive(self, name)
 
 
-def register_simulate(subparsers) -> None:
+def register(subparsers) -> None:
     parser = subparsers.add_parser("simulate", help="simulate a serving run with and without speculation",
                                    description=__doc__.splitlines()[0])
-    for config in (DeploymentConfig, ServerConfig, SimulateConfig):
+    for config in (DeploymentConfig, SimServerConfig, SimulateConfig):
         add_dataclass_args(parser, config)
     add_profile_arg(parser)
     parser.set_defaults(handler=run_simulate)
@@ -58,7 +59,7 @@ def register_simulate(subparsers) -> None:
 
 def run_simulate(args, argv: list[str] | None = None) -> int:
     deployment = Deployment.from_config(dataclass_from_args(DeploymentConfig, args))
-    server = dataclass_from_args(ServerConfig, args)
+    server = dataclass_from_args(SimServerConfig, args)
     config = dataclass_from_args(SimulateConfig, args)
     cost = target_cost(args, deployment)
     arms = [OFF] + [parse_arm(text, cost, deployment) for text in config.arm if text.strip() != "off"]
@@ -84,7 +85,8 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     return 0
 
 
-def _simulator(arm, cost, deployment: Deployment, server: ServerConfig, seed: int, mean_length: float) -> Simulator:
+def _simulator(arm, cost, deployment: Deployment, server: SimServerConfig, seed: int,
+               mean_length: float) -> Simulator:
     """A drafter model's weights and KV share the memory: the draft arm holds fewer tokens."""
     budget = arm.draft.kv_budget
     fraction = 1.0 if budget is None else min(1.0, budget / mean_length)
@@ -112,8 +114,6 @@ def apply_lengths(plan: Plan, config: SimulateConfig) -> None:
 def _counted_prompt_tokens(results_dir: str) -> dict[str, int]:
     """request id -> prompt tokens as the target counted them (chat template included); ids
     there may carry evaluate's warm-up prefix or repeat suffix ("warmup:chat-01", "chat-01#2")."""
-    from specwise.bench.results import read_records
-
     counted = {record.request_id.removeprefix("warmup:").partition("#")[0]: record.prompt_tokens
                for record in read_records(results_dir) if record.prompt_tokens > 0}
     if not counted:
@@ -133,7 +133,7 @@ def _cut_off(results) -> list[dict]:
     return entries
 
 
-def _simulation_info(results, server: ServerConfig, elapsed: float, config: SimulateConfig) -> dict:
+def _simulation_info(results, server: SimServerConfig, elapsed: float, config: SimulateConfig) -> dict:
     notes = ["every request generates exactly its max_tokens (EOS is not modelled)",
              "server modelled as vLLM V0: prefill steps of whole prompts, then decode steps"]
     return {"server": dataclasses.asdict(server), "seed": config.seed, "wall_seconds": round(elapsed, 3),

@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specwise.bench.load.arrivals import LoadPoint
 from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.load.arrivals import LoadPoint
 from specwise.calc.arms import SpecArm
-from specwise.sim.state import SimState
 from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
+from specwise.sim.state import SimState
 
 
 @dataclass
-class ServerConfig:
+class SimServerConfig:
+    """The simulated server's scheduler and KV cache (`specwise simulate` flags; not server/config.py)."""
     max_num_seqs: int = field(default=256, metadata={"help": "most sequences running at once"})
     max_num_batched_tokens: int = field(default=8192, metadata={"help": "most prompt tokens in one prefill step"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
@@ -64,7 +65,7 @@ class SimResult:
 
 
 class Simulator:
-    def __init__(self, cost: StepCostModel, server: ServerConfig, kv_capacity_tokens: int, seed: int = 0):
+    def __init__(self, cost: StepCostModel, server: SimServerConfig, kv_capacity_tokens: int, seed: int = 0):
         if kv_capacity_tokens < server.block_size:
             raise ConfigError(f"the KV cache holds {kv_capacity_tokens} tokens: the model does not fit")
         self.cost, self.server, self.seed = cost, server, seed

@@ -9,6 +9,7 @@ method is read from the name (`vllm-off`, `sglang-eagle`, `ngram`...), "http" if
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
 _OFF_WORDS = ("off", "base", "baseline", "nospec", "no-spec", "plain")
@@ -69,8 +70,8 @@ def _method_arm(text: str, default_k: int) -> ArmSpec:
 
 
 def _k(text: str, arm: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 16:
-        raise ConfigError(f"--methods: {arm!r}: @k must be an integer in 1..16")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(f"--methods: {arm!r}: @k must be an integer in 1..{MAX_SPECULATIVE_TOKENS}")
     return int(text)
 
 

@@ -3,14 +3,17 @@
 vLLM: `--speculative-config` JSON (method ngram / draft_model / eagle / medusa,
 num_speculative_tokens; for n-gram prompt_lookup_min/max = our n-gram sizes). The dynamic variant adds
 `num_speculative_tokens_per_batch_size`, a list of [lo, hi, k] batch-size ranges
-(k = 0 turns speculation off in that range); it needs a vLLM release with dynamic
-speculative decoding.
+(KTable.to_vllm_ranges; k = 0 turns speculation off in that range); it needs a vLLM release
+with dynamic speculative decoding.
 SGLang: `--speculative-algorithm NGRAM | STANDALONE | EAGLE` with a chain of k drafts:
 `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
 (the draft-token count includes the verified root token).
 """
 
 import json
+
+from specwise.engine.spec_decode.config import SpeculativeConfig
+from specwise.engine.spec_decode.k_table import KTable
 
 _VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "medusa": "medusa"}
 _SGLANG_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE"}
@@ -34,15 +37,9 @@ def batch_size_table(arms, max_batch: int) -> list[list[int]]:
         chosen.append(max(paying)[1] if paying else 0)
     if not any(chosen):
         return []
-    table = []
-    for index, (load, k) in enumerate(zip(loads, chosen)):
-        lo = 1 if index == 0 else int(load)
-        hi = int(loads[index + 1]) - 1 if index + 1 < len(loads) else max(max_batch, int(load))
-        if table and table[-1][2] == k:
-            table[-1][1] = hi
-        else:
-            table.append([lo, hi, k])
-    return table
+    steps = [(1 if index == 0 else int(load), k) for index, (load, k) in enumerate(zip(loads, chosen))
+             if index == 0 or k != chosen[index - 1]]
+    return KTable(tuple(steps)).to_vllm_ranges(max(max_batch, int(loads[-1])))
 
 
 def vllm_config(spec: str, method: str, k: int, table: list[list[int]]) -> dict:
@@ -78,7 +75,6 @@ def sglang_flags(spec: str, method: str, k: int) -> dict:
 def _vllm_base(spec: str, method: str, k: int) -> dict | None:
     argument = spec.partition(":")[2]
     if method == "ngram":
-        from specwise.engine.spec_decode.config import SpeculativeConfig     # imports torch: only when needed
         sizes = SpeculativeConfig.parse(spec, k)
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": sizes.ngram_min_n,
                 "prompt_lookup_max": sizes.ngram_max_n}

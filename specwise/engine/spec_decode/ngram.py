@@ -35,10 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specwise.engine.spec_decode.config import DEFAULT_MAX_N, DEFAULT_MIN_N
 from specwise.engine.spec_decode.proposer import Proposal
-
-DEFAULT_MIN_N = 2
-DEFAULT_MAX_N = 4
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""How many draft tokens to verify in the next step: static, a batch-size table, or auto.
+"""How many draft tokens to verify in the next step: static, a batch-size table (k_table.py), or auto.
 
 Speculation trades extra verification work for fewer steps. At batch 1 the target is
 memory-bound and verifying 1 + k tokens costs little more than 1; as the batch grows the
@@ -23,6 +23,7 @@ k=0: 160 tok/s; k=2: 64 * 2.28 / 1.3 = 112 tok/s, so auto turns speculation off.
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specwise.engine.spec_decode.k_table import KTable
 from specwise.errors import ConfigError
 
 StepCost = Callable[[int, int, int], float]   # (batch_size, tokens_per_seq, context_len) -> seconds
@@ -44,22 +45,18 @@ class StaticPolicy:
 
 @dataclass
 class TablePolicy(StaticPolicy):
-    """`table:1=4,8=2,32=0`: batch >= 1 -> k 4, batch >= 8 -> k 2, batch >= 32 -> off."""
-    table: list[tuple[int, int]] = field(default_factory=list)
+    """`table:1=4/8=2/32=0` (k_table.py): k 4 from batch 1, 2 from batch 8, off from batch 32."""
+    table: KTable = field(default_factory=lambda: KTable.fixed(0))
 
     @classmethod
     def parse(cls, text: str, max_k: int) -> "TablePolicy":
-        try:
-            pairs = sorted((int(batch), int(k)) for batch, k in
-                           (item.split("=") for item in text.split(",") if item.strip()))
-        except ValueError:
-            raise ConfigError(f"a k table looks like table:1=4,8=2,32=0 (batch>=N=k), got table:{text}") from None
-        if not pairs or pairs[0][0] != 1 or any(not 0 <= k <= max_k for _, k in pairs):
-            raise ConfigError(f"table:{text} must start at batch 1 and use k in 0..{max_k}")
-        return cls(k=max_k, table=pairs)
+        table = KTable.parse(text)
+        if table.max_k > max_k:
+            raise ConfigError(f"table:{text} asks for k = {table.max_k}, above --num-speculative-tokens {max_k}")
+        return cls(k=max_k, table=table)
 
     def choose_k(self, batch_size: int, context_len: int) -> int:
-        return [k for min_batch, k in self.table if batch_size >= min_batch][-1]
+        return self.table.k_for(batch_size)
 
 
 @dataclass
