@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
+from specwise.monitor import estimate_cli
 from specwise.monitor.config import MonitorConfig
 
 
@@ -17,6 +18,7 @@ def register(subparsers) -> None:
                     "3 a server could not be read (see docs/monitor.md).")
     add_dataclass_args(monitor, MonitorConfig)
     monitor.set_defaults(handler=run_monitor_command)
+    estimate_cli.register(subparsers)
 
 
 def run_monitor_command(args: argparse.Namespace) -> int:
