@@ -94,7 +94,8 @@ def test_next_arm_waits_for_requests_cut_off_in_the_last_one(tmp_path, monkeypat
                         + json.dumps({"prompt": "abc abc abc", "max_tokens": 30, "category": "long"}) + "\n")
     # concurrency 1: the quick request is the first wave (always measured), the long one the cut-off second
     config = EvaluateConfig(methods="off,ngram:1-3@3", workload=str(workload), concurrency="1", num_requests=2,
-                            duration=0.5, warmup=0, output=str(tmp_path / "out"), progress=False)
+                            duration=0.5, warmup=0, output=str(tmp_path / "out"), progress=False, order="file",
+                            schedule="sequential")
     outcome = evaluate(config, EngineConfig(dtype="float32", max_model_len=256, num_kv_blocks=256, max_num_batched_tokens=256),
                        argv=[], checkpoint=tiny_checkpoint())
     records = read_records(outcome.results_dir)

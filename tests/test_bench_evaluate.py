@@ -28,18 +28,23 @@ def endpoint_config(tmp_path, *endpoints, **overrides) -> EvaluateConfig:
     return EvaluateConfig(**settings)
 
 
-def test_endpoints_side_by_side_with_failures_and_a_dead_arm(tmp_path):
+def test_a_dead_endpoint_stops_the_run_before_measuring(tmp_path):
     with SSEServer() as gone:
         dead = gone.url                                     # closed by the time the run starts
+    with SSEServer() as plain, pytest.raises(ConfigError, match="endpoint 'down' at .* does not answer"):
+        evaluate(endpoint_config(tmp_path, f"vllm-off={plain.url}", f"down={dead}"), argv=["evaluate"])
+    assert not (tmp_path / "out" / "requests.jsonl").exists()
+
+
+def test_endpoints_side_by_side_with_failures(tmp_path):
     with SSEServer() as plain, SSEServer(tokens_per_chunk=3, fail_every=4) as spec:
-        outcome = evaluate(endpoint_config(tmp_path, f"vllm-off={plain.url}", f"vllm-ngram={spec.url}",
-                                           f"down={dead}"), argv=["evaluate"])
+        outcome = evaluate(endpoint_config(tmp_path, f"vllm-off={plain.url}", f"vllm-ngram={spec.url}"),
+                           argv=["evaluate"])
     records = [r for r in read_records(outcome.results_dir) if not r.warmup]
-    assert len(records) == 3 * 2 * 8
+    assert len(records) == 2 * 2 * 8
     assert all(r.error is None for r in records if r.arm == "vllm-off")
     failed = [r for r in records if r.arm == "vllm-ngram" and r.error]
     assert failed and all(r.error == "HTTP 500: overloaded, try later" for r in failed)
-    assert all(r.error.startswith("cannot connect") for r in records if r.arm == "down")
 
     summary = json.loads(outcome.report.summary_json.read_text())
     overall = {(r["arm"], r["load_value"]): r for r in summary["rows"] if r["category"] == "all"}
@@ -47,7 +52,8 @@ def test_endpoints_side_by_side_with_failures_and_a_dead_arm(tmp_path):
     accepted = overall[("vllm-ngram", 1)]["metrics"]["acceptance"]
     assert accepted["source"] == "vllm" and accepted["rate"] == pytest.approx(1.0)
     assert overall[("vllm-off", 1)]["metrics"]["acceptance"] is None              # unknown, not zero
-    assert overall[("down", 4)]["metrics"]["completed"] == 0
+    # paired: the ratios at concurrency 1 use only the requests both arms completed
+    assert overall[("vllm-ngram", 1)]["paired"] == 8 - len([r for r in failed if r.load_value == 1])
     assert overall[("vllm-off", 4)]["metrics"]["goodput"] is not None
     run = read_run_info(outcome.results_dir)
     assert run["baseline"] == "vllm-off" and run["finished"] and run["slo"] == {"ttft": 2.0}
@@ -122,7 +128,8 @@ def test_duration_bounds_a_point_and_cuts_off_stragglers(tmp_path):
                         + json.dumps({"prompt": "slow", "max_tokens": 40}) + "\n")
     with SSEServer(delay=0.05) as server:
         outcome = evaluate(endpoint_config(tmp_path, f"off={server.url}", workload=str(workload), concurrency="1",
-                                           num_requests=2, duration=0.2, warmup=0, max_tokens=None), argv=[])
+                                           num_requests=2, duration=0.2, warmup=0, max_tokens=None, order="file"),
+                           argv=[])
     # the quick request is the first wave (always measured); the slow one, sent next, needs 2 s:
     # at 2 x 0.2 s it is cancelled, not recorded, and counted
     assert [r.request_id for r in read_records(outcome.results_dir)] == ["w:1"]
@@ -137,7 +144,8 @@ def test_a_closed_loop_point_always_measures_its_first_wave(tmp_path):
                         + json.dumps({"prompt": "slow", "max_tokens": 20}) + "\n")
     with SSEServer(delay=0.05) as server:
         outcome = evaluate(endpoint_config(tmp_path, f"off={server.url}", workload=str(workload), concurrency="2",
-                                           num_requests=2, duration=0.2, warmup=0, max_tokens=None), argv=[])
+                                           num_requests=2, duration=0.2, warmup=0, max_tokens=None, order="file"),
+                           argv=[])
     # the slow request (1 s) outlives twice --duration, but it is in the first wave of 2
     assert sorted(r.request_id for r in read_records(outcome.results_dir)) == ["w:1", "w:2"]
     assert "cut_off" not in read_run_info(outcome.results_dir)

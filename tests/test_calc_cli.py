@@ -114,7 +114,7 @@ def test_simulate_takes_prompt_lengths_and_duration_like_a_measured_run(tmp_path
     (measured / "requests.jsonl").write_text("".join(row.to_json() + "\n" for row in rows))
     out_dir = tmp_path / "sim"
     assert run(["simulate", "--model", "smollm2-135m", "--gpu", "l4", "--workload", "suite:chat", "--per-category", "3",
-                "--concurrency", "2", "--duration", "0.01", "--prompt-tokens-from", str(measured),
+                "--concurrency", "2", "--duration", "0.01", "--prompt-tokens-from", str(measured), "--order", "file",
                 "--output", str(out_dir)]) == 0
     records = read_records(out_dir)
     # nothing is sent after 10 ms: the first wave of two, with the lengths the measured run counted

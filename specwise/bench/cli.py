@@ -5,7 +5,7 @@ import sys
 
 from specwise.bench.config import EvaluateConfig
 from specwise.bench.report.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFAULT_THROUGHPUT_FLOOR
-from specwise.bench.report.summary import LATENCY_KEYS
+from specwise.bench.report.summary import PAY_METRICS
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
 
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
                     "in-process or on OpenAI-compatible endpoints) at each load point; write "
                     "requests.jsonl, summary.json, summary.md and report.html.")
     add_dataclass_args(evaluate, EvaluateConfig)
-    engine = evaluate.add_argument_group("in-process engine (ignored with --endpoint)")
+    engine = evaluate.add_argument_group("in-process engine (for the --methods arms)")
     add_dataclass_args(engine, EngineConfig, exclude=ENGINE_EXCLUDE)
     evaluate.set_defaults(handler=run_evaluate)
 
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
         description="Render summary.json, summary.md and report.html from RESULTS "
                     "(written by `specwise evaluate` or `specwise simulate`).")
     report.add_argument("results", help="results directory")
-    report.add_argument("--pay-metric", choices=LATENCY_KEYS, default=None,
+    report.add_argument("--pay-metric", choices=PAY_METRICS, default=None,
                         help=f"latency metric deciding where speculation pays (default: the run's, else {DEFAULT_METRIC})")
     report.add_argument("--margin", type=float, default=None,
                         help=f"latency gain needed to pay (default: the run's, else {DEFAULT_MARGIN})")
@@ -40,7 +40,8 @@ def register(subparsers) -> None:
 def run_evaluate(args: argparse.Namespace) -> int:
     from specwise.bench.evaluate import evaluate
     config = dataclass_from_args(EvaluateConfig, args)
-    engine_config = None if config.endpoint else dataclass_from_args(EngineConfig, args, seed=config.seed)
+    engine_config = (dataclass_from_args(EngineConfig, args, seed=config.seed) if config.in_process_methods()
+                     else None)
     outcome = evaluate(config, engine_config, argv=sys.argv[1:])
     if outcome.interrupted:
         kept = "report rendered from them" if outcome.report else "nothing finished yet"

@@ -1,5 +1,9 @@
 """`specwise evaluate`: build the arms and the plan, run them, render the report.
 
+Arms: the in-process --methods (one model load) and the --endpoint URLs, in one run,
+compared with the same client and the same requests. Every arm asked for runs: an
+endpoint that cannot be reached stops the command before anything is measured.
+
 An interrupted run (Ctrl-C) keeps every finished request; run.json is marked
 interrupted and the report is rendered from what finished.
 """
@@ -22,7 +26,9 @@ from specwise.bench.results import read_records, write_run_info
 from specwise.bench.load.runner import Runner
 from specwise.bench.load.slo import parse_slo
 from specwise.bench.inputs.synthetic import synthesize_prompts
-from specwise.bench.load.targets.http import HttpTarget
+from specwise.bench.load.schedule import choose_schedule
+from specwise.bench.load.targets.http import HttpTarget, check_endpoint
+from specwise.bench.stats.precision import PrecisionCheck
 from specwise.bench.load.token_counter import LocalTokenizer
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError
@@ -55,14 +61,23 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
     specs = _arm_specs(config, engine_config)
     baseline = _baseline(config, specs)
     results_dir = _results_dir(config.output)
-    arms = _arms(config, engine_config, specs, checkpoint)
+    schedule = choose_schedule(config.schedule, specs, config.round_size)
+    headers = _headers(config)
+    for spec in specs:
+        if spec.url is not None:
+            asyncio.run(check_endpoint(spec.name, spec.url, headers))
+    arms = _arms(config, engine_config, specs, checkpoint, headers)
     if config.trace:
         plan.workload = synthesize_prompts(plan.workload, config.trace_category, arms.tokenizer, arms.max_model_len)
         plan.info["clipped"] = sum(1 for r in plan.workload if r.extra.get("clipped"))
     info = _run_info(config, engine_config, plan, arms, baseline, argv)
+    info["schedule"] = schedule.to_dict([spec.name for spec in specs])
     view = make_view(config.progress)
+    precision = None if config.precision is None else PrecisionCheck(
+        baseline, list(dict.fromkeys([config.pay_metric, "e2e_mean", "output_throughput"])), config.precision,
+        config.confidence, config.seed)
     runner = Runner(plan, arms.targets, results_dir, info, view, config.warmup, config.request_timeout,
-                    parse_slo(config.slo), tokenizer=arms.tokenizer)
+                    parse_slo(config.slo), tokenizer=arms.tokenizer, schedule=schedule, precision=precision)
     try:
         asyncio.run(runner.run())
     except KeyboardInterrupt:
@@ -78,27 +93,48 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
     return Outcome(results_dir, render_report(results_dir))
 
 
-def _arm_specs(config: EvaluateConfig, engine_config: EngineConfig) -> list[ArmSpec]:
+def _arm_specs(config: EvaluateConfig, engine_config: EngineConfig | None) -> list[ArmSpec]:
+    """In-process arms first, then the endpoints, in the order given; names must differ."""
+    methods = config.in_process_methods()
+    specs = []
+    if methods:
+        specs += parse_methods(methods, (engine_config or EngineConfig()).num_speculative_tokens)
     if config.endpoint:
-        return parse_endpoints(config.endpoint)
-    return parse_methods(config.methods, engine_config.num_speculative_tokens)
+        specs += parse_endpoints(config.endpoint)
+    names = [spec.name for spec in specs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"arm name given twice: {', '.join(twice)} (an --endpoint NAME may not repeat a "
+                          "--methods arm; rename the endpoint, e.g. vllm-off=URL)")
+    return specs
 
 
-def _arms(config: EvaluateConfig, engine_config: EngineConfig, specs: list[ArmSpec], checkpoint) -> Arms:
-    """The targets; for in-process arms this loads the model (once)."""
-    if config.endpoint:
-        key = config.api_key or os.environ.get("OPENAI_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        targets = [HttpTarget(name=spec.name, base_url=spec.url, method=spec.method, api=config.api,
-                              model=config.served_model, temperature=config.temperature,
-                              timeout=config.request_timeout, headers=headers) for spec in specs]
-        tokenizer = LocalTokenizer(config.tokenizer) if config.tokenizer else None
-        return Arms(specs, targets, tokenizer, None, config.served_model or "served by the endpoints")
-    from specwise.bench.load.targets.engine import build_engine_targets
-    targets, tokenizer, async_engine = build_engine_targets(engine_config, specs, config.temperature, config.seed,
-                                                            checkpoint)
-    return Arms(specs, targets, tokenizer, async_engine.engine.max_model_len,
-                engine_config.model or DEFAULT_MODEL_NAME, shutdown=async_engine.shutdown)
+def _headers(config: EvaluateConfig) -> dict:
+    key = config.api_key or os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: list[ArmSpec], checkpoint,
+          headers: dict) -> Arms:
+    """The targets, in the order of `specs`; in-process arms load the model (once)."""
+    local = [spec for spec in specs if spec.url is None]
+    by_name, tokenizer, max_len, shutdown = {}, None, None, None
+    model = config.served_model or "served by the endpoints"
+    if local:
+        from specwise.bench.load.targets.engine import build_engine_targets
+        targets, tokenizer, async_engine = build_engine_targets(engine_config or EngineConfig(), local,
+                                                                config.temperature, config.seed, checkpoint)
+        by_name.update((target.name, target) for target in targets)
+        max_len, shutdown = async_engine.engine.max_model_len, async_engine.shutdown
+        model = (engine_config and engine_config.model) or DEFAULT_MODEL_NAME
+    if config.tokenizer and tokenizer is None:
+        tokenizer = LocalTokenizer(config.tokenizer)
+    for spec in specs:
+        if spec.url is not None:
+            by_name[spec.name] = HttpTarget(name=spec.name, base_url=spec.url, method=spec.method, api=config.api,
+                                            model=config.served_model, temperature=config.temperature,
+                                            timeout=config.request_timeout, headers=headers)
+    return Arms(specs, [by_name[spec.name] for spec in specs], tokenizer, max_len, model, shutdown=shutdown)
 
 
 def _baseline(config: EvaluateConfig, specs: list[ArmSpec]) -> str:
@@ -123,15 +159,16 @@ def _run_info(config: EvaluateConfig, engine_config: EngineConfig, plan: Plan, a
               baseline: str, argv: list[str] | None) -> dict:
     return {
         "tool": "evaluate", "model": arms.model,
-        "machine": machine_description(None if config.endpoint else engine_config),
+        "machine": machine_description(engine_config if config.in_process_methods() else None),
         "arms": [spec.to_dict() for spec in arms.specs], "baseline": baseline,
         "loads": [dataclasses.asdict(point) for point in plan.loads],
         "slo": parse_slo(config.slo).to_dict(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "argv": _redacted(argv if argv is not None else sys.argv[1:]), "workload": plan.info,
         "warmup": config.warmup, "temperature": config.temperature,
         "criteria": {"pay_metric": config.pay_metric, "margin": config.margin,
-                     "throughput_floor": config.throughput_floor},
-        "engine": None if config.endpoint else dataclasses.asdict(engine_config),
+                     "throughput_floor": config.throughput_floor, "confidence": config.confidence,
+                     "precision": config.precision},
+        "engine": dataclasses.asdict(engine_config) if config.in_process_methods() and engine_config else None,
         "config": dict(dataclasses.asdict(config), api_key=None),
     }
 

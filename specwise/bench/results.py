@@ -41,6 +41,7 @@ class RequestRecord:
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
     accepted_per_position: list[int] | None = None
+    round: int | None = None            # round of the load point (arms alternate between rounds)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

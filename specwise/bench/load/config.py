@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from specwise.bench.load.arrivals import parse_values
+from specwise.bench.load.order import ORDERS
 from specwise.bench.inputs.traces import BUILTIN_TRACES, TRACE_FORMATS
 from specwise.errors import ConfigError
 
@@ -35,7 +36,9 @@ class LoadConfig:
                                    "(those still running at twice that are cut off)")
     max_tokens: int | None = help_field("cap every request's output length")
     skip_bad_rows: bool = help_field("skip malformed workload/trace rows (counted) instead of stopping", False)
-    seed: int = help_field("seed for arrival times and random draws", 0)
+    seed: int = help_field("seed for the request order, arrival times and random draws", 0)
+    order: str = help_field("request order at each load point: seeded (drawn from --seed, categories "
+                            "interleaved) or file (as given); traces keep their arrival order", "seeded")
 
     default_concurrency: ClassVar[str] = DEFAULT_CONCURRENCY
 
@@ -49,6 +52,8 @@ class LoadConfig:
             parse_values(self.concurrency, "--concurrency", integer=True)
         if self.rate is not None:
             parse_values(self.rate, "--rate")
+        if self.order not in ORDERS:
+            raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.trace_format is not None and self.trace_format not in TRACE_FORMATS:
             raise ConfigError(f"--trace-format must be one of {', '.join(TRACE_FORMATS)}")
         for name in ("time_scale", "burstiness", "num_requests", "duration", "max_tokens", "per_category"):

@@ -27,6 +27,7 @@ class Slot:
     load_value: float
     run_start: float            # time.perf_counter() at the start of the run
     warmup: bool = False
+    round: int | None = None    # the round of the load point (bench/load/schedule.py)
 
 
 async def measure(target: Target, request: WorkloadRequest, slot: Slot, timeout: float,
@@ -59,7 +60,7 @@ async def measure(target: Target, request: WorkloadRequest, slot: Slot, timeout:
         output_tokens=_output_tokens(chunks, usage, tokenizer),
         send_time=sent - slot.run_start, ttft=chunks[0].time - sent if chunks else None,
         e2e=ended - sent, chunk_times=[chunk.time - sent for chunk in chunks],
-        chunk_tokens=_chunk_tokens(chunks), error=error, warmup=slot.warmup)
+        chunk_tokens=_chunk_tokens(chunks), error=error, warmup=slot.warmup, round=slot.round)
     if acceptance is not None:
         record.drafts = acceptance.drafts
         record.draft_tokens = acceptance.draft_tokens

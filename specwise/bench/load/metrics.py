@@ -5,7 +5,8 @@
     ITL   = gaps between consecutive streamed chunks, pooled over requests. Chunk-level:
             under speculation one chunk may carry several tokens.
     throughput = completed requests (or their output tokens) / window, where the window
-            runs from the first send to the last finish of the load point
+            runs from the first send to the last finish of each round of the load point,
+            summed over its rounds
     goodput    = completed requests meeting every SLO given / window
     acceptance rate = sum(accepted) / sum(draft tokens); mean acceptance length =
             1 + sum(accepted) / sum(drafts): sums of counters, never means of ratios.
@@ -88,11 +89,14 @@ def itl_gaps(record: RequestRecord) -> list[float]:
 
 
 def window(records: list[RequestRecord]) -> float:
-    """First send to last finish, seconds."""
-    timed = [r for r in records if r.e2e is not None]
-    if not timed:
-        return 0.0
-    return max(r.send_time + r.e2e for r in timed) - min(r.send_time for r in timed)
+    """First send to last finish, seconds, summed over the rounds of the point (between an
+    arm's rounds the other arms run: that time is not this arm's)."""
+    by_round: dict = {}
+    for record in records:
+        if record.e2e is not None:
+            by_round.setdefault(record.round, []).append(record)
+    return sum(max(r.send_time + r.e2e for r in timed) - min(r.send_time for r in timed)
+               for timed in by_round.values())
 
 
 def acceptance(records: list[RequestRecord]) -> AcceptanceStats | None:

@@ -1,7 +1,8 @@
 """What a run sends: the workload, the load points, and the requests of each point.
 
-Every arm gets the same requests at the same point (measurement rule: same prompts,
-side by side). Default request count per point: max(4 x concurrency, 24) for a
+Every arm gets the same requests at the same point, in the same order (measurement rule:
+same prompts, side by side); the order is drawn once from --seed with the categories
+interleaved (bench/load/order.py), unless --order file. Default request count per point: max(4 x concurrency, 24) for a
 concurrency point, 24 for a rate point, the whole trace for replay; --num-requests
 and --duration bound each point.
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 from specwise.bench.load.arrivals import LoadPoint, gamma_arrivals, parse_values, take, trace_arrivals
 from specwise.bench.load.config import LoadConfig
+from specwise.bench.load.order import seeded_order
 from specwise.bench.inputs.bad_rows import BadRows
 from specwise.bench.inputs.suite import load_suite, parse_categories
 from specwise.bench.inputs.traces import read_trace
@@ -55,6 +57,8 @@ def build_plan(config: LoadConfig) -> Plan:
     if config.max_tokens is not None:
         for request in workload:
             request.max_tokens = min(request.max_tokens, config.max_tokens)
+    if not config.trace and config.order == "seeded":
+        workload = seeded_order(workload, config.seed)
     loads = load_points(config.concurrency, config.rate, config.trace, config.time_scale)
     return Plan(workload=workload, loads=loads, num_requests=config.num_requests, duration=config.duration,
                 burstiness=config.burstiness, seed=config.seed, info=info)

@@ -27,6 +27,14 @@ def run_facts(summary: Summary) -> list[tuple[str, str]]:
         facts.append(("workload", f"{workload.get('source', '?')} ({workload.get('requests', '?')} requests)"))
     if summary.slo:
         facts.append(("SLO", ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in summary.slo.items())))
+    schedule = run.get("schedule") or {}
+    if schedule.get("text"):
+        facts.append(("schedule", schedule["text"]))
+    criteria = run.get("criteria") or {}
+    if criteria.get("confidence"):
+        precision = criteria.get("precision")
+        facts.append(("intervals", f"{criteria['confidence']:.0%} paired bootstrap over requests"
+                      + (f"; rounds added until within +-{precision:.0%} or the time cap" if precision else "")))
     if run.get("started"):
         facts.append(("started", str(run["started"])))
     return facts

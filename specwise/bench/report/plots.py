@@ -41,13 +41,17 @@ def speedup_plot(summary: Summary, recommendation: Recommendation, kind: str) ->
             continue
         points = sorted((x, y) for x, y in verdict.speedup.items() if y is not None)
         if points:
-            axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=verdict.arm)
+            xs, ys = [x for x, _ in points], [y for _, y in points]
+            bounds = [verdict.intervals.get(x) or [y, y] for x, y in points]
+            errors = [[y - lo for y, (lo, _) in zip(ys, bounds)], [hi - y for y, (_, hi) in zip(ys, bounds)]]
+            axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=4, label=verdict.arm)
         if verdict.crossover is not None:
             axes.axvline(verdict.crossover, linestyle=":", color="grey")
     axes.axhline(1.0, color="black", linewidth=1, label="break-even")
     axes.axhline(1.0 + recommendation.margin, color="green", linestyle="--", linewidth=1,
                  label=f"pays (+{recommendation.margin:.0%})")
-    _style(axes, kind, f"speedup in {recommendation.metric} vs {summary.baseline}", summary.load_values(kind))
+    _style(axes, kind, f"speedup in {recommendation.metric} vs {summary.baseline} (error bars: interval)",
+           summary.load_values(kind))
     return _png(figure)
 
 

@@ -1,8 +1,19 @@
 """Where speculation pays: per arm, the load range, the crossover, per-category notes.
 
-An arm *pays* at a load point when, against the baseline at the same point,
-    baseline latency / arm latency >= 1 + margin          (latency metric, e.g. mean TPOT)
-    arm output throughput / baseline output throughput >= throughput floor (0.97)
+Each load point gets one of three verdicts, from the paired intervals (bench/stats/) of
+the latency speedup s = baseline latency / arm latency (e.g. mean TPOT) and of the
+throughput ratio t = arm output throughput / baseline output throughput:
+    pays        low(s) >= 1 + margin and low(t) >= throughput floor (0.97)
+    loses       high(s) < 1 (break-even) or high(t) < throughput floor
+    can't tell  anything else, "at this sample size": with an estimate of how many more
+                paired requests would decide it (below)
+A point estimate alone never decides: a row without an interval is "can't tell", unless
+the summary has no records at all (a model's prediction, exact by construction).
+More requests: an interval's half-width shrinks as 1/sqrt(n), so with n pairs, the
+estimate s >= 1 + margin and a lower half-width h = s - low(s), the lower bound clears
+1 + margin after about n * (h / (s - 1 - margin))**2 pairs. Worked example: n = 10,
+s = 1.30, low = 1.02: (0.28 / 0.25)**2 * 10 = 12.5, i.e. about 3 more requests per arm.
+Estimates between break-even and the margin may never be decided: none is given.
 The crossover is where the latency speedup falls through 1.0 (break-even), interpolated
 on a log scale of the load between the two measured points around it. Worked example:
 speedups 1.4 at concurrency 4 and 0.8 at 16 cross 1.0 at 4 * (16/4) ** (0.4/0.6) = 10.1.
@@ -18,6 +29,7 @@ from specwise.bench.report.summary import Summary
 DEFAULT_METRIC = "tpot_mean"
 DEFAULT_MARGIN = 0.05
 DEFAULT_THROUGHPUT_FLOOR = 0.97
+PAYS, LOSES, UNSURE = "pays", "loses", "can't tell"
 
 
 @dataclass
@@ -33,6 +45,11 @@ class ArmVerdict:
     not_compared: list[float] = field(default_factory=list)   # loads lacking figures for this arm or the baseline
     category_notes: list[str] = field(default_factory=list)
     verdict: str = ""
+    calls: dict[float, str] = field(default_factory=dict)      # load -> "pays" | "loses" | "can't tell"
+    intervals: dict[float, list[float] | None] = field(default_factory=dict)     # of the latency speedup
+    throughput_intervals: dict[float, list[float] | None] = field(default_factory=dict)
+    paired: dict[float, int | None] = field(default_factory=dict)   # requests both arms completed
+    more_requests: dict[float, int | None] = field(default_factory=dict)     # for "can't tell" loads
 
 
 @dataclass
@@ -81,47 +98,97 @@ def contiguous_ranges(loads: list[float], pays: list[bool]) -> list[tuple[float,
 
 
 def _verdict(summary: Summary, arm: dict, kind: str, metric: str, margin: float, floor: float) -> ArmVerdict:
-    loads, speedup, ratio, missing = [], {}, {}, []
+    loads, missing = [], []
+    verdict = ArmVerdict(arm=arm["name"], method=arm.get("method", "?"), load_kind=kind, speedup={},
+                         throughput_ratio={}, pays_at=[], ranges=[], crossover=None)
+    exact = not any(row.paired is not None for row in summary.rows)     # no records: nothing was sampled
     for value in summary.load_values(kind):
         row = summary.row(arm["name"], kind, value)
         if row is None or row.speedup.get(metric) is None:
             missing.append(value)
             continue
         loads.append(value)
-        speedup[value] = row.speedup.get(metric)
-        ratio[value] = row.speedup.get("output_throughput")
-    pays = [_pays(speedup[v], ratio[v], margin, floor) for v in loads]
-    verdict = ArmVerdict(arm=arm["name"], method=arm.get("method", "?"), load_kind=kind, speedup=speedup,
-                         throughput_ratio=ratio, pays_at=[v for v, ok in zip(loads, pays) if ok],
-                         ranges=contiguous_ranges(loads, pays),
-                         crossover=crossover(loads, [speedup[v] for v in loads]), not_compared=missing)
+        s, t = row.speedup.get(metric), row.speedup.get("output_throughput")
+        verdict.speedup[value], verdict.throughput_ratio[value], verdict.paired[value] = s, t, row.paired
+        s_range = _range(s, row.intervals.get(metric), exact)
+        t_range = _range(t, row.intervals.get("output_throughput"), exact)
+        verdict.intervals[value], verdict.throughput_intervals[value] = s_range, t_range
+        verdict.calls[value] = call(s_range, t_range, margin, floor)
+        if verdict.calls[value] == UNSURE:
+            verdict.more_requests[value] = more_requests(row.paired, s, s_range, t, t_range, margin, floor)
+    pays = [verdict.calls[v] == PAYS for v in loads]
+    verdict.pays_at, verdict.ranges, verdict.not_compared = [v for v, ok in zip(loads, pays) if ok], \
+        contiguous_ranges(loads, pays), missing
+    verdict.crossover = crossover(loads, [verdict.speedup[v] for v in loads])
     verdict.category_notes = _category_notes(summary, arm["name"], kind, loads, metric, margin, floor)
     verdict.verdict = _sentence(verdict, loads, metric, margin)
     return verdict
 
 
-def _pays(speedup: float | None, ratio: float | None, margin: float, floor: float) -> bool:
-    return speedup is not None and ratio is not None and speedup >= 1 + margin and ratio >= floor
+def _range(value: float | None, interval: list[float] | None, exact: bool) -> list[float] | None:
+    if interval is not None:
+        return list(interval)
+    return [value, value] if exact and value is not None else None
+
+
+def call(s_range: list[float] | None, t_range: list[float] | None, margin: float, floor: float) -> str:
+    """PAYS, LOSES or UNSURE from the intervals of the latency speedup and the throughput ratio."""
+    if (s_range is not None and s_range[1] < 1.0) or (t_range is not None and t_range[1] < floor):
+        return LOSES
+    if s_range is not None and t_range is not None and s_range[0] >= 1 + margin and t_range[0] >= floor:
+        return PAYS
+    return UNSURE
+
+
+def more_requests(n: int | None, s, s_range, t, t_range, margin: float, floor: float) -> int | None:
+    """Roughly how many more paired requests would decide an UNSURE point (see the module doc)."""
+    if not n or s is None or s_range is None:
+        return None
+    if s >= 1 + margin:
+        needed = _pairs_needed(n, s - s_range[0], s - 1 - margin)
+        if t is not None and t_range is not None and t_range[0] < floor <= t:
+            needed = max(needed or 0, _pairs_needed(n, t - t_range[0], t - floor) or 0) or None
+    elif s < 1:
+        needed = _pairs_needed(n, s_range[1] - s, 1 - s)
+    else:
+        return None
+    return None if needed is None else max(needed - n, 1)
+
+
+def _pairs_needed(n: int, half_width: float, distance: float) -> int | None:
+    if distance <= 0 or half_width <= 0:
+        return None
+    return math.ceil(n * (half_width / distance) ** 2)
 
 
 def _category_notes(summary, arm, kind, loads, metric, margin, floor) -> list[str]:
     """At the lowest measured load (where speculation has the most room): which categories pay.
 
-    e.g. "At concurrency 1, ngram-k4 pays on code_editing (1.84x, acceptance 71%); not on chat (0.97x)."
+    e.g. "At concurrency 1, ngram-k4 pays on code_editing (1.84x [1.52, 2.20], acceptance 71%);
+    not on chat (0.97x [0.90, 1.05], can't tell)." A category pays when its interval's lower
+    bound clears the margin; one with too few pairs for an interval cannot pay.
     """
     if not loads:
         return []
     load, paying, not_paying = loads[0], [], []
+    exact = not any(row.paired is not None for row in summary.rows)
     for category in summary.categories():
         row = summary.row(arm, kind, load, category)
         if row is None or row.speedup.get(metric) is None:
             continue
         accepted = row.metrics.acceptance.rate if row.metrics.acceptance else None
-        entry = f"{category} ({row.speedup[metric]:.2f}x" + (
-            f", acceptance {accepted:.0%})" if accepted is not None else ")")
+        interval = row.intervals.get(metric)
         # latency only: a category's requests share the point with the others, so its own
         # "throughput" depends on how many of them happened to finish in the window
-        (paying if row.speedup[metric] >= 1 + margin else not_paying).append(entry)
+        outcome = call(_range(row.speedup[metric], interval, exact), [1.0, 1.0], margin, 1.0)
+        entry = f"{category} ({row.speedup[metric]:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+                                                             if interval and interval[0] < interval[1] else "")
+        entry += f", acceptance {accepted:.0%}" if accepted is not None else ""
+        if not exact and outcome == UNSURE and not interval:
+            entry += ", can't tell (too few requests)"
+        elif not exact and outcome != PAYS and interval and interval[0] < interval[1]:
+            entry += f", {outcome}"
+        (paying if outcome == PAYS else not_paying).append(entry + ")")
     if not paying and not not_paying:
         return []
     if paying and not_paying:
@@ -133,16 +200,48 @@ def _category_notes(summary, arm, kind, loads, metric, margin, floor) -> list[st
 
 def _sentence(verdict: ArmVerdict, loads: list[float], metric: str, margin: float) -> str:
     kind = verdict.load_kind
+    unsure = [load for load in loads if verdict.calls.get(load) == UNSURE and not _short(verdict, load, margin)]
+    within = [load for load in loads if verdict.calls.get(load) == UNSURE and _short(verdict, load, margin)]
+    extra = _unsure(verdict, unsure) + _within(kind, within, margin) + _not_compared(verdict)
     if not verdict.ranges:
-        return (f"{verdict.arm} does not pay at any measured {kind} "
-                f"(needs {1 + margin:.2f}x {metric} with throughput kept)." + _not_compared(verdict))
+        shown = "is not shown to pay" if unsure else "does not pay"
+        return (f"{verdict.arm} {shown} at any measured {kind} "
+                f"(needs {1 + margin:.2f}x {metric} with throughput kept)." + extra)
     spans = ", ".join(_span_text(kind, lo, hi) for lo, hi in verdict.ranges)
     text = f"{verdict.arm} pays at {spans}"
     if verdict.crossover is not None:
         text += f"; break-even near {_load_text(kind, verdict.crossover)}"
     elif verdict.ranges[-1][1] == loads[-1]:
         text += f"; still ahead at the highest compared load ({_load_text(kind, loads[-1])})"
-    return text + "." + _not_compared(verdict)
+    return text + "." + extra
+
+
+def _short(verdict: ArmVerdict, load: float, margin: float) -> bool:
+    """Sure not to pay, though not below break-even: the whole interval is under 1 + margin."""
+    interval = verdict.intervals.get(load)
+    return interval is not None and interval[1] < 1 + margin
+
+
+def _within(kind: str, loads: list[float], margin: float) -> str:
+    if not loads:
+        return ""
+    values = ", ".join(f"{value:g}" for value in loads)
+    return (f" At {kind} {values} it gains less than the {margin:.0%} margin "
+            "(no verdict of pays or loses; speculation is not worth it there).")
+
+
+def _unsure(verdict: ArmVerdict, unsure: list[float]) -> str:
+    """" Can't tell at concurrency 4, 8 at this sample size (about 12, 40 more requests per arm)."."""
+    if not unsure:
+        return ""
+    loads = ", ".join(f"{value:g}" for value in unsure)
+    more = [verdict.more_requests.get(value) for value in unsure]
+    if any(m is not None for m in more):
+        counts = ", ".join("?" if m is None else str(m) for m in more)
+        hint = f" (about {counts} more requests per arm would decide)"
+    else:
+        hint = " (its estimate lies between break-even and the margin: more requests may not decide it)"
+    return f" Can't tell at {verdict.load_kind} {loads} at this sample size{hint}."
 
 
 def _not_compared(verdict: ArmVerdict) -> str:
@@ -153,11 +252,11 @@ def _not_compared(verdict: ArmVerdict) -> str:
 
 
 def _best_arms(summary: Summary, kind: str, verdicts: list[ArmVerdict]) -> dict[float, str]:
-    """At each load, the paying arm with the largest speedup; the baseline where none pays."""
+    """At each load, the paying arm with the highest lower bound; the baseline where none pays."""
     best = {}
     for value in summary.load_values(kind):
-        paying = [(v.speedup[value], v.arm) for v in verdicts if value in v.pays_at]
-        best[value] = max(paying)[1] if paying else summary.baseline
+        paying = [(v.intervals[value][0], v.speedup[value], v.arm) for v in verdicts if value in v.pays_at]
+        best[value] = max(paying)[2] if paying else summary.baseline
     return best
 
 

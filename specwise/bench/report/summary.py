@@ -2,7 +2,11 @@
 and each arm's ratios against the baseline (no speculation) at the same load point.
 
 Ratios: `speedup[latency key]` = baseline / arm (> 1: the arm is faster);
-`speedup[throughput key]` = arm / baseline (> 1: the arm serves more).
+`speedup[throughput key]` = arm / baseline (> 1: the arm serves more). They are paired
+(bench/stats/paired.py): computed over the requests both the arm and the baseline
+completed at that point, `paired` of them; the ratios the report shows also get a
+bootstrap interval, `intervals[key]` = [low, high] at run.json "criteria"."confidence".
+Rows built without records (constructed, or predicted by a model) have no intervals.
 """
 
 import dataclasses
@@ -12,10 +16,15 @@ from dataclasses import dataclass, field
 from specwise.bench.load.metrics import PointMetrics, point_metrics, server_acceptance_stats
 from specwise.bench.results import RequestRecord
 from specwise.bench.load.slo import SLO
+from specwise.bench.stats.bootstrap import DEFAULT_LEVEL
+from specwise.bench.stats.paired import compare, interval_keys, pair
 
 ALL = "all"
+SHOWN_KEYS = ("tpot_mean", "e2e_mean", "e2e_p50", "output_throughput")
+MIN_CATEGORY_PAIRS = 5          # a category gets intervals from this many paired requests
 LATENCY_KEYS = ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p90",
                 "tpot_p99", "itl_mean", "itl_p50", "itl_p99", "e2e_mean", "e2e_p50", "e2e_p90", "e2e_p99")
+PAY_METRICS = tuple(key for key in LATENCY_KEYS if not key.startswith("itl"))     # those with intervals
 THROUGHPUT_KEYS = ("output_throughput", "request_throughput", "goodput")
 ITL_NOTE = ("ITL is measured between streamed chunks; under speculation one chunk may carry "
             "several tokens, so ITL is chunk-level, not token-level.")
@@ -30,6 +39,8 @@ class Row:
     category: str
     metrics: PointMetrics
     speedup: dict[str, float | None] = field(default_factory=dict)
+    paired: int | None = None                                   # requests both arms completed
+    intervals: dict[str, list[float]] = field(default_factory=dict)     # key -> [low, high]
 
 
 @dataclass
@@ -97,6 +108,7 @@ def summarize(records: list[RequestRecord], run: dict) -> Summary:
     summary = Summary(tool=run.get("tool", "evaluate"), run=run, baseline=baseline, arms=arms,
                       slo=slo.to_dict(), rows=rows, notes=_notes(run, records))
     add_speedups(summary)
+    add_comparisons(summary, groups)
     return summary
 
 
@@ -129,6 +141,49 @@ def add_speedups(summary: Summary) -> None:
             row.speedup[key] = _ratio(metric_value(row.metrics, key), metric_value(base.metrics, key))
 
 
+def shown_keys(run: dict) -> list[str]:
+    """The ratios the report shows, each given an interval: the pay metric, TPOT, e2e, throughput."""
+    metric = (run.get("criteria") or {}).get("pay_metric") or "tpot_mean"
+    return list(dict.fromkeys([metric, *SHOWN_KEYS]))
+
+
+def add_comparisons(summary: Summary, groups: dict[tuple, list[RequestRecord]]) -> None:
+    """Recompute each row's ratios over the requests both it and the baseline completed,
+    and add intervals (categories: with at least MIN_CATEGORY_PAIRS pairs)."""
+    criteria = summary.run.get("criteria") or {}
+    level = criteria.get("confidence") or DEFAULT_LEVEL
+    seed = (summary.run.get("config") or {}).get("seed") or 0
+    keys = [key for key in shown_keys(summary.run) if interval_keys(key)]
+    for row in summary.rows:
+        base_records = groups.get((summary.baseline, row.load_kind, row.load_value))
+        if row.arm == summary.baseline or base_records is None:
+            continue
+        mine = groups[(row.arm, row.load_kind, row.load_value)]
+        if row.category != ALL:
+            mine = [r for r in mine if r.category == row.category]
+            base_records = [r for r in base_records if r.category == row.category]
+        pairs = pair(mine, base_records)
+        row.paired = len(pairs)
+        if row.category == ALL and len(pairs) < min(row.metrics.completed, _completed(base_records)):
+            summary.notes.append(
+                f"At {row.load_kind} {row.load_value:g}, {row.arm} completed {row.metrics.completed} requests and "
+                f"{summary.baseline} {_completed(base_records)}; ratios use the {len(pairs)} both completed.")
+        arm_m, base_m = point_metrics([a for a, _ in pairs]), point_metrics([b for _, b in pairs])
+        for key in LATENCY_KEYS:
+            row.speedup[key] = _ratio(metric_value(base_m, key), metric_value(arm_m, key))
+        if row.category != ALL and len(pairs) < MIN_CATEGORY_PAIRS:
+            continue
+        label = f"{row.arm}|{row.load_kind}|{row.load_value}|{row.category}"
+        comparison = compare(pairs, keys, row.load_kind == "concurrency", level, seed, label)
+        for key, interval in comparison.intervals.items():
+            row.speedup[key] = interval.estimate
+            row.intervals[key] = interval.to_list()
+
+
+def _completed(records: list[RequestRecord]) -> int:
+    return sum(1 for r in records if not r.error and not r.warmup)
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
@@ -136,7 +191,8 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def _notes(run: dict, records: list[RequestRecord]) -> list[str]:
-    notes = [ITL_NOTE]
+    notes = [ITL_NOTE, "Ratios are paired: each compares an arm with the baseline over the requests both "
+                       "completed, matched by request id."]
     warmups = sum(1 for r in records if r.warmup)
     if warmups:
         notes.append(f"{warmups} warm-up request(s) excluded from every figure.")

@@ -49,17 +49,40 @@ def _metric_cells(m: PointMetrics) -> list[str]:
 
 def speedup_table(summary: Summary, recommendation: Recommendation) -> TableData:
     metric = recommendation.metric
-    header = ["arm", "load", f"{metric} speedup", "e2e p50 speedup", "output throughput ratio", "pays"]
+    level = (summary.run.get("criteria") or {}).get("confidence") or 0.95
+    header = ["arm", "load", "paired", f"{metric} speedup", "e2e mean speedup", "output throughput ratio",
+              "verdict"]
     rows = []
     for verdict in recommendation.verdicts:
         for load in sorted(verdict.speedup):
             row = summary.row(verdict.arm, verdict.load_kind, load)
-            rows.append([verdict.arm, load_label(verdict.load_kind, load), _x(verdict.speedup[load]),
-                         _x(row.speedup.get("e2e_p50")), _x(verdict.throughput_ratio[load]),
-                         "yes" if load in verdict.pays_at else "no"])
-    note = (f"Against {summary.baseline}. Pays = {metric} at least {1 + recommendation.margin:.2f}x and "
-            f"output throughput at least {recommendation.throughput_floor:.0%} of {summary.baseline}.")
+            rows.append([verdict.arm, load_label(verdict.load_kind, load),
+                         "-" if row.paired is None else str(row.paired),
+                         with_interval(verdict.speedup[load], row.intervals.get(metric)),
+                         with_interval(row.speedup.get("e2e_mean"), row.intervals.get("e2e_mean")),
+                         with_interval(verdict.throughput_ratio[load], row.intervals.get("output_throughput")),
+                         verdict_cell(verdict, load)])
+    note = (f"Against {summary.baseline}, over the requests both arms completed (paired), with {level:.0%} "
+            f"paired-bootstrap intervals in brackets. Pays = the interval of {metric} clears "
+            f"{1 + recommendation.margin:.2f}x and that of output throughput clears "
+            f"{recommendation.throughput_floor:.0%}; loses = an upper bound below 1.00x (or below the "
+            "throughput floor); otherwise can't tell at this sample size.")
     return TableData("Speedup against no speculation", header, rows, note)
+
+
+def with_interval(value: float | None, interval: list[float] | None) -> str:
+    """`1.32x [1.10, 1.55]`; the bare ratio where there is no interval."""
+    if value is None:
+        return "-"
+    if not interval or interval[0] == interval[1]:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def verdict_cell(verdict, load: float) -> str:
+    call = verdict.calls.get(load, "-")
+    more = verdict.more_requests.get(load)
+    return f"{call} (~{more} more requests)" if more else call
 
 
 def category_table(summary: Summary, metric: str) -> TableData:
@@ -76,7 +99,7 @@ def category_table(summary: Summary, metric: str) -> TableData:
             if any(cell != "-" for cell in cells):
                 rows.append([arm["name"], category, *cells])
     return TableData(f"{metric} per category (ms; speedup against {summary.baseline} in brackets)",
-                     header, rows)
+                     header, rows, "Paired speedups; intervals where a category has at least 5 paired requests.")
 
 
 def _category_cell(row, metric: str, is_baseline: bool) -> str:
@@ -84,7 +107,7 @@ def _category_cell(row, metric: str, is_baseline: bool) -> str:
         return "-"
     text = ms(metric_value(row.metrics, metric))
     speed = None if is_baseline else row.speedup.get(metric)
-    return text if speed is None else f"{text} ({speed:.2f}x)"
+    return text if speed is None else f"{text} ({with_interval(speed, row.intervals.get(metric))})"
 
 
 def acceptance_table(summary: Summary) -> TableData:

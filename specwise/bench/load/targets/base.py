@@ -68,7 +68,11 @@ class Target(Protocol):
     method: str     # "off", "ngram", "draft", "layer_skip", "eagle", ... or "http"
 
     async def start(self) -> None:
-        """Make the target ready for this arm (e.g. switch the engine's drafter)."""
+        """Get ready, once per run, before any request (open the HTTP client, check the endpoint)."""
+
+    async def activate(self) -> None:
+        """Make this arm the one being served, before each of its rounds (the in-process
+        engine switches its drafter; an endpoint needs nothing)."""
 
     async def close(self) -> None:
         """Release what start() acquired; the run calls it once per arm."""

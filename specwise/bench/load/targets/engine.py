@@ -1,8 +1,8 @@
 """The in-process engine as evaluation targets: one model load, one target per arm.
 
 All arms share one LLMEngine behind one AsyncEngine; an arm's start() switches the
-drafter with `engine.set_speculative(spec, k)` (None = no speculation), so arms run one
-after another on the same loaded weights. Each engine step that advances a request
+drafter with `engine.set_speculative(spec, k)` (None = no speculation), so arms take
+turns (round by round, bench/load/schedule.py) on the same loaded weights. Each engine step that advances a request
 becomes one TokenChunk carrying `len(new_token_ids)` tokens (several per step under
 speculation); the final output gives Usage and the request's speculative counters.
 """
@@ -24,13 +24,19 @@ SWITCH_TIMEOUT = 120.0
 
 
 class EngineTarget:
-    def __init__(self, arm: ArmSpec, async_engine, temperature: float = 0.0, seed: int = 0):
+    def __init__(self, arm: ArmSpec, async_engine, temperature: float = 0.0, seed: int = 0,
+                 serving: dict | None = None):
         self.name, self.method, self.arm = arm.name, arm.method, arm
+        self.serving = {"arm": None} if serving is None else serving     # shared: whose drafter is loaded
         self.engine, self.async_engine = async_engine.engine, async_engine
         self.temperature, self.seed = temperature, seed
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._switch_drafter)
+        pass
+
+    async def activate(self) -> None:
+        if self.serving["arm"] != self.name:
+            await asyncio.to_thread(self._switch_drafter)
 
     def _switch_drafter(self) -> None:
         """In a worker thread: wait for requests cut off by the previous arm to be aborted
@@ -40,6 +46,7 @@ class EngineTarget:
             with self.async_engine.lock:            # the step thread holds it while stepping
                 if not self.engine.has_unfinished():
                     self.engine.set_speculative(self.arm.spec, self.arm.k or 0)
+                    self.serving["arm"] = self.name
                     return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"arm {self.name}: the engine still has requests in flight after "
@@ -89,5 +96,6 @@ def build_engine_targets(engine_config: EngineConfig, arms: list[ArmSpec], tempe
                                  num_speculative_tokens=first.k or engine_config.num_speculative_tokens)
     engine = LLMEngine(config, checkpoint)
     async_engine = AsyncEngine(engine)
-    targets = [EngineTarget(arm, async_engine, temperature, seed) for arm in arms]
+    serving = {"arm": None}
+    targets = [EngineTarget(arm, async_engine, temperature, seed, serving) for arm in arms]
     return targets, engine.tokenizer, async_engine

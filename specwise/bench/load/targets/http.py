@@ -52,6 +52,9 @@ class HttpTarget:
         if self.model is None:
             self.model = await self._first_model()
 
+    async def activate(self) -> None:
+        pass
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
@@ -124,6 +127,19 @@ class HttpTarget:
             return response.json()["data"][0]["id"]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return None
+
+
+async def check_endpoint(name: str, base_url: str, headers: dict | None = None) -> None:
+    """Before measuring: any HTTP answer from the endpoint will do; no answer stops the run."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    if not root.startswith(("http://", "https://")):
+        raise ConfigError(f"endpoint {name!r}: URL must start with http:// or https://, got {base_url!r}")
+    try:
+        async with httpx.AsyncClient(timeout=10.0, headers=headers or {}) as client:
+            await client.get(f"{root}/v1/models")
+    except httpx.HTTPError as error:
+        raise ConfigError(f"endpoint {name!r} at {base_url} does not answer ({type(error).__name__}); "
+                          f"nothing was measured: start it, or drop --endpoint {name}=...") from None
 
 
 def _error_text(body: str) -> str:

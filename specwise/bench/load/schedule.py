@@ -1,0 +1,68 @@
+"""Rounds: how a load point's requests are split, and in which arm order each round runs.
+
+A load point's requests (the same list for every arm, bench/load/order.py) are cut into
+rounds of `round_size` consecutive requests. In round r every arm serves the round's
+requests, one arm after the other; then round r + 1 starts.
+
+  interleaved  arm order alternates, forward in even rounds, reversed in odd ones:
+               two arms A, B run A B | B A | A B | B A ...; three run A B C | C B A ...
+               A drift in the machine's speed that is linear in time then lands on every
+               arm equally over each pair of rounds (A's mean time = B's mean time), and
+               the paired comparison cancels it.
+  sequential   one round holding every request: each arm serves the whole point, one
+               after the other (A then B). Cheapest, but a drift is read as a difference.
+
+Round size for a concurrency point c: max(2c, 4) requests (a round reaches steady state
+at c in flight before it drains); for open-loop points (rate, trace): 24 requests, sent
+at their own offsets re-based to the round's first. Worked example: concurrency 2, 12
+requests -> rounds [0:4], [4:8], [8:12], arm orders AB, BA, AB.
+"""
+
+from dataclasses import dataclass
+
+from specwise.bench.load.arrivals import LoadPoint
+
+SCHEDULES = ("auto", "interleaved", "sequential")
+OPEN_LOOP_ROUND = 24
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str                       # "interleaved" or "sequential"
+    round_size: int | None = None   # None: the default for each load point
+
+    def size(self, point: LoadPoint, total: int) -> int:
+        """Requests per round at `point`, of `total` planned."""
+        if self.kind == "sequential":
+            return max(total, 1)
+        if self.round_size:
+            return self.round_size
+        return max(2 * int(point.value), 4) if point.kind == "concurrency" else OPEN_LOOP_ROUND
+
+    def arm_order(self, round_index: int, arms: list) -> list:
+        """Arms in the order they serve round `round_index`: A B, then B A, ..."""
+        return list(arms) if self.kind == "sequential" or round_index % 2 == 0 else list(reversed(arms))
+
+    def describe(self, arm_names: list[str]) -> str:
+        if self.kind == "sequential":
+            return f"sequential: each arm serves the whole load point in turn ({' then '.join(arm_names)})"
+        forward, backward = " ".join(arm_names), " ".join(reversed(arm_names))
+        size = f"{self.round_size} requests" if self.round_size else "max(2 x concurrency, 4) requests (24 open-loop)"
+        return f"interleaved rounds of {size}: {forward} | {backward} | {forward} ..."
+
+    def to_dict(self, arm_names: list[str]) -> dict:
+        return {"kind": self.kind, "round_size": self.round_size, "text": self.describe(arm_names)}
+
+
+def choose_schedule(requested: str, specs, round_size: int | None = None) -> Schedule:
+    """`auto`: interleaved unless switching an arm is costly (a draft model reloads its weights
+    on every switch of the in-process engine); endpoints switch for free."""
+    if requested == "auto":
+        costly = any(spec.url is None and spec.method == "draft" for spec in specs)
+        requested = "sequential" if costly and len(specs) > 1 else "interleaved"
+    return Schedule(requested, round_size)
+
+
+def rounds(count: int, size: int) -> list[tuple[int, int]]:
+    """[(start, end)] slices of `count` requests: rounds(10, 4) -> [(0, 4), (4, 8), (8, 10)]."""
+    return [(start, min(start + size, count)) for start in range(0, count, size)]

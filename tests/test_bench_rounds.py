@@ -1,0 +1,179 @@
+"""The paired, interleaved run: request order, rounds, arm order, drift, --precision, mixed arms.
+
+FakeTarget sleeps per token; its speed can drift linearly with the number of requests
+the whole run has served (a machine slowing down), whichever arm serves them.
+"""
+
+import asyncio
+import io
+import json
+import time
+
+import pytest
+
+from specwise.bench.config import EvaluateConfig
+from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.load.order import seeded_order
+from specwise.bench.load.plan import Plan
+from specwise.bench.load.progress import PlainView
+from specwise.bench.load.runner import Runner
+from specwise.bench.load.schedule import Schedule, choose_schedule, rounds
+from specwise.bench.load.slo import SLO
+from specwise.bench.load.targets.base import TokenChunk, Usage
+from specwise.bench.report.summary import summarize
+from specwise.bench.results import read_records
+from specwise.bench.stats.precision import PrecisionCheck
+from specwise.errors import ConfigError
+
+WORKLOAD = [WorkloadRequest(f"{category}-{i}", category, prompt="p", max_tokens=4)
+            for category in ("code", "chat", "math") for i in range(4)]
+
+
+class FakeTarget:
+    def __init__(self, name: str, served: dict, per_token: float = 0.004, speedup: float = 1.0,
+                 drift: float = 0.0):
+        self.name, self.method = name, "off" if name == "off" else "ngram"
+        self.served, self.per_token, self.speedup, self.drift = served, per_token, speedup, drift
+        self.activations = 0
+
+    async def start(self):
+        pass
+
+    async def activate(self):
+        self.activations += 1
+
+    async def close(self):
+        pass
+
+    async def server_acceptance(self):
+        return None
+
+    async def stream(self, request):
+        self.served["count"] += 1
+        self.served["order"].append((self.name, request.request_id))
+        delay = self.per_token / self.speedup * (1 + self.drift * self.served["count"])
+        for _ in range(4):
+            await asyncio.sleep(delay)
+            yield TokenChunk(time.perf_counter(), "x", 1)
+        yield Usage(1, 4)
+
+
+def run(tmp_path, targets, schedule, count=24, precision=None, duration=None, concurrency=1):
+    plan = Plan(workload=seeded_order(WORKLOAD, 0), loads=[LoadPoint("concurrency", concurrency)],
+                num_requests=count, duration=duration, burstiness=1.0, seed=0)
+    info = {"tool": "evaluate", "arms": [{"name": t.name, "method": t.method} for t in targets], "baseline": "off"}
+    runner = Runner(plan, targets, tmp_path, info, PlainView(io.StringIO()), warmup=0, timeout=30, slo=SLO(),
+                    schedule=schedule, precision=precision)
+    asyncio.run(runner.run())
+    return read_records(tmp_path), info
+
+
+def test_seeded_order_interleaves_categories_and_depends_on_the_seed():
+    ordered = seeded_order(WORKLOAD, 0)
+    assert sorted(r.request_id for r in ordered) == sorted(r.request_id for r in WORKLOAD)
+    assert all(len({r.category for r in ordered[i:i + 3]}) == 3 for i in range(0, 12, 3))
+    assert [r.request_id for r in seeded_order(WORKLOAD, 0)] == [r.request_id for r in ordered]
+    assert [r.request_id for r in seeded_order(WORKLOAD, 1)] != [r.request_id for r in ordered]
+
+
+def test_rounds_and_arm_orders():
+    assert rounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    schedule = Schedule("interleaved")
+    assert [schedule.arm_order(i, "AB") for i in range(4)] == [["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"]]
+    assert schedule.size(LoadPoint("concurrency", 8), 100) == 16
+    assert Schedule("sequential").size(LoadPoint("concurrency", 8), 100) == 100
+    assert "A B | B A" in schedule.describe(["A", "B"])
+
+
+def test_auto_schedule_is_sequential_only_when_switching_reloads_a_draft_model():
+    from specwise.bench.load.arms import ArmSpec
+    off, ngram = ArmSpec("off", "off", None, 0), ArmSpec("ngram-k4", "ngram", "ngram", 4)
+    draft = ArmSpec("draft-small-k4", "draft", "draft:/m", 4)
+    assert choose_schedule("auto", [off, ngram]).kind == "interleaved"
+    assert choose_schedule("auto", [off, draft]).kind == "sequential"
+    assert choose_schedule("sequential", [off, ngram]).kind == "sequential"
+
+
+def test_every_arm_serves_the_same_requests_in_the_same_order(tmp_path):
+    served = {"count": 0, "order": []}
+    targets = [FakeTarget("off", served), FakeTarget("ngram-k4", served)]
+    records, _ = run(tmp_path, targets, Schedule("interleaved"), count=12)
+    orders = {name: [rid for arm, rid in served["order"] if arm == name] for name in ("off", "ngram-k4")}
+    assert orders["off"] == orders["ngram-k4"] == [r.request_id for r in seeded_order(WORKLOAD, 0)]
+    assert [r.round for r in records if r.arm == "off"] == [0] * 4 + [1] * 4 + [2] * 4
+    # round 0: off first; round 1: ngram first
+    firsts = [served["order"][i][0] for i in (0, 8, 16)]
+    assert firsts == ["off", "ngram-k4", "off"] and targets[0].activations == 4     # 3 rounds + warm-up
+
+
+def _tpot_speedup(records, info):
+    return summarize(records, info).row("ngram-k4", "concurrency", 1).speedup["e2e_mean"]
+
+
+def test_interleaving_cancels_a_linear_drift(tmp_path):
+    """Both arms are equally fast; the machine slows down 3% per request served."""
+    sequential = []
+    for schedule, folder in ((Schedule("sequential"), "seq"), (Schedule("interleaved", round_size=4), "int")):
+        served = {"count": 0, "order": []}
+        targets = [FakeTarget("off", served, drift=0.03), FakeTarget("ngram-k4", served, drift=0.03)]
+        sequential.append(_tpot_speedup(*run(tmp_path / folder, targets, schedule, count=24)))
+    drifted, interleaved = sequential
+    assert drifted < 0.8                    # sequential: the later arm looks ~1.5x slower
+    assert interleaved == pytest.approx(1.0, abs=0.08)
+
+
+def test_precision_stops_adding_rounds_once_the_intervals_are_narrow(tmp_path):
+    served = {"count": 0, "order": []}
+    targets = [FakeTarget("off", served, per_token=0.002), FakeTarget("ngram-k4", served, per_token=0.002,
+                                                                        speedup=1.5)]
+    check = PrecisionCheck("off", ["e2e_mean", "output_throughput"], 0.10, 0.95, 0)
+    records, _ = run(tmp_path, targets, Schedule("interleaved", round_size=4), count=400, precision=check)
+    per_arm = len([r for r in records if r.arm == "off"])
+    assert 8 <= per_arm < 400                           # stopped long before the cap
+    assert per_arm % 4 == 0                             # whole rounds
+
+
+def test_duration_caps_precision(tmp_path):
+    served = {"count": 0, "order": []}
+    targets = [FakeTarget("off", served, per_token=0.005), FakeTarget("ngram-k4", served, per_token=0.005)]
+    never = PrecisionCheck("off", ["e2e_mean"], 1e-9, 0.95, 0)
+    records, _ = run(tmp_path, targets, Schedule("interleaved", round_size=2), count=None, precision=never,
+                     duration=0.3)
+    assert 2 <= len([r for r in records if r.arm == "off"]) < 40
+
+
+def test_precision_needs_a_cap_and_quick_asks_for_it():
+    with pytest.raises(ConfigError, match="--precision needs a cap"):
+        EvaluateConfig(precision=0.05, progress=False)
+    quick = EvaluateConfig(quick=True, progress=False)
+    assert quick.precision == 0.05 and quick.duration == 12.0
+
+
+def test_methods_and_endpoints_in_one_run(tmp_path):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from specwise.bench.evaluate import evaluate
+    from specwise.config import EngineConfig
+    from test_bench_http import SSEServer
+    from tiny_models import tiny_checkpoint
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": f"abc abc {i}", "max_tokens": 6}) + "\n" for i in range(4)))
+    with SSEServer(tokens_per_chunk=2) as server:
+        config = EvaluateConfig(methods="off,ngram:1-3@2", endpoint=[f"vllm-ngram={server.url}"],
+                                workload=str(workload), concurrency="2", num_requests=4, warmup=0,
+                                output=str(tmp_path / "out"), progress=False)
+        outcome = evaluate(config, EngineConfig(max_model_len=128, num_kv_blocks=128), argv=[],
+                           checkpoint=tiny_checkpoint())
+    records = read_records(outcome.results_dir)
+    assert {r.arm for r in records} == {"off", "ngram-1-3-k2", "vllm-ngram"}
+    assert all(len([r for r in records if r.arm == arm]) == 4 for arm in ("off", "ngram-1-3-k2", "vllm-ngram"))
+    run_json = json.loads((outcome.results_dir / "run.json").read_text())
+    assert run_json["schedule"]["kind"] == "interleaved" and run_json["baseline"] == "off"
+
+
+def test_an_endpoint_may_not_reuse_a_method_arm_name(tmp_path):
+    from specwise.bench.evaluate import evaluate
+    config = EvaluateConfig(methods="off", endpoint=["off=http://127.0.0.1:9"], output=str(tmp_path / "o"),
+                            progress=False)
+    with pytest.raises(ConfigError, match="arm name given twice: off"):
+        evaluate(config)
