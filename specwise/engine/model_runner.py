@@ -15,7 +15,7 @@ from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, r
 from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
 from specwise.engine.spec_decode.proposer import Proposal
-from specwise.models.attention import AttentionMetadata, SeqAttention
+from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk
 from specwise.models.llama import LlamaForCausalLM
 
 
@@ -59,25 +59,42 @@ class ModelRunner:
 
     def _prepare(self, token_ids, start_positions, block_tables):
         """Flat index tensors of one step, built on the host (no size is read back from the device)."""
-        device, offsets = self.device, torch.arange(self.block_size)
-        new_slots, seqs, row = [], [], 0
+        offsets = torch.arange(self.block_size)
+        new_slots, prefills, cached, row = [], [], {}, 0
         for run, start, table in zip(token_ids, start_positions, block_tables):
-            context_len = start + len(run)
-            # the cache slot of every position 0 .. context_len - 1, on the host
-            context = (torch.tensor(table).unsqueeze(1) * self.block_size + offsets).view(-1)[:context_len]
+            # the cache slot of every position 0 .. start + len(run) - 1, on the host
+            context = (torch.tensor(table).unsqueeze(1) * self.block_size + offsets).view(-1)[:start + len(run)]
             new_slots.append(context[start:])
             if start == 0:
-                seqs.append(SeqAttention(row, row + len(run), None, None))
+                prefills.append(PrefillChunk(row, row + len(run)))
             else:
-                # query j sits at position start + j and sees keys 0 .. start + j
-                bias = None if len(run) == 1 else torch.full((len(run), context_len), float("-inf"),
-                                                             dtype=self.kv_cache.dtype).triu(start + 1).to(device)
-                seqs.append(SeqAttention(row, row + len(run), context.to(device), bias))
+                cached.setdefault(len(run), []).append((row, start, context))
             row += len(run)
+        groups = [self._group(q_len, members[index:index + GROUP_SIZE])
+                  for q_len, seqs in cached.items()
+                  for members in [sorted(seqs, key=lambda seq: len(seq[2]))]
+                  for index in range(0, len(members), GROUP_SIZE)]
+        device = self.device
         positions = [start + offset for run, start in zip(token_ids, start_positions) for offset in range(len(run))]
         input_ids = torch.tensor([token for run in token_ids for token in run], device=device)
-        metadata = AttentionMetadata(torch.cat(new_slots).to(device), seqs)
+        metadata = AttentionMetadata(torch.cat(new_slots).to(device), prefills, groups)
         return input_ids, torch.tensor(positions, device=device), metadata
+
+    def _group(self, q_len: int, members: list[tuple[int, int, torch.Tensor]]) -> CachedGroup:
+        """members: (first query row, start position, context slots) of sequences with q_len queries."""
+        context_len = max(len(context) for _, _, context in members)
+        slots = torch.zeros(len(members), context_len, dtype=torch.long)     # padding reads slot 0, masked
+        for index, (_, _, context) in enumerate(members):
+            slots[index, :len(context)] = context
+        rows = torch.tensor([row + j for row, _, _ in members for j in range(q_len)])
+        bias = None
+        if q_len > 1 or any(len(context) < context_len for _, _, context in members):
+            # query j of a sequence starting at s sits at position s + j and sees keys 0 .. s + j
+            visible_until = torch.tensor([[start + j for j in range(q_len)] for _, start, _ in members])
+            visible = torch.arange(context_len).view(1, 1, -1) <= visible_until.unsqueeze(2)
+            bias = torch.zeros(visible.shape, dtype=self.kv_cache.dtype).masked_fill(~visible, float("-inf"))
+            bias = bias.to(self.device)
+        return CachedGroup(rows.to(self.device), slots.to(self.device), bias, q_len)
 
     def execute(self, batch: ScheduledBatch, proposal: Proposal | None) -> list[list[int]]:
         """Run one scheduled step; returns the tokens each sequence emits (none for a prompt
