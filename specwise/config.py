@@ -2,11 +2,11 @@
 
 from dataclasses import dataclass, field
 
-from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4")     # weight-only formats, see specwise/models/quantize.py
+MAX_SPECULATIVE_TOKENS = 16                  # the largest k anywhere: engine, k tables, arms, calculators
 
 
 @dataclass

@@ -9,7 +9,7 @@ method is read from the name (`vllm-off`, `sglang-eagle`, `ngram`...), "http" if
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS
+from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specwise.errors import ConfigError
 
 _OFF_WORDS = ("off", "base", "baseline", "nospec", "no-spec", "plain")
@@ -62,7 +62,6 @@ def _method_arm(text: str, default_k: int) -> ArmSpec:
     k = _k(k_text, text) if k_text else default_k
     if spec.strip().lower() in ("off", "none"):
         return ArmSpec(name="off", method="off", spec=None, k=0)
-    from specwise.engine.spec_decode.config import SpeculativeConfig     # imports torch: in-process arms only
     parsed = SpeculativeConfig.parse(spec, k)               # the engine's own check of the drafter text
     argument = spec.partition(":")[2]
     label = parsed.method if not argument else f"{parsed.method}-{Path(argument).name or argument}"

@@ -8,17 +8,18 @@
     none / off          no speculation (same as leaving the flag out)
 
 k (`--num-speculative-tokens`) is the most draft tokens per sequence per step, at most
-MAX_SPECULATIVE_TOKENS (the one k bound in specwise; torch-free, so calc and bench import it).
+MAX_SPECULATIVE_TOKENS (the one k bound, in specwise/config.py). This module is torch-free,
+so calc and bench import it.
 The draft path is only checked for text here; the loader reports a missing file.
 """
 
 import re
 from dataclasses import dataclass
 
+from specwise.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
 METHODS = ("ngram", "draft", "layer_skip")
-MAX_SPECULATIVE_TOKENS = 16
 DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 4     # n-gram sizes of plain `ngram` (why: engine/spec_decode/ngram.py)
 FORMS = "ngram, ngram:MIN-MAX, draft:PATH or layer_skip:L"
 _NGRAM_SIZES = re.compile(r"(\d+)(?:-(\d+))?")
