@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from specwise.bench.load.arrivals import LoadPoint
 from specwise.bench.report.server_configs import batch_size_table, sglang_flags, vllm_config
 from specwise.bench.report.summary import Summary
+from specwise.bench.stats.paired import MIN_PAIRS
 
 DEFAULT_METRIC = "tpot_mean"
 DEFAULT_MARGIN = 0.05
@@ -142,6 +143,8 @@ def call(s_range: list[float] | None, t_range: list[float] | None, margin: float
 
 def more_requests(n: int | None, s, s_range, t, t_range, margin: float, floor: float) -> int | None:
     """Roughly how many more paired requests would decide an UNSURE point (see the module doc)."""
+    if n is not None and n < MIN_PAIRS:
+        return MIN_PAIRS - n                # no interval yet: at least this many more
     if not n or s is None or s_range is None:
         return None
     if s >= 1 + margin:
@@ -211,6 +214,9 @@ def _sentence(verdict: ArmVerdict, loads: list[float], metric: str, margin: floa
     text = f"{verdict.arm} pays at {spans}"
     if verdict.crossover is not None:
         text += f"; break-even near {_load_text(kind, verdict.crossover)}"
+    loses = [load for load in loads if verdict.calls.get(load) == LOSES]
+    if loses and verdict.crossover is None:
+        text += f"; loses at {kind} {', '.join(f'{value:g}' for value in loses)}"
     elif verdict.ranges[-1][1] == loads[-1]:
         text += f"; still ahead at the highest compared load ({_load_text(kind, loads[-1])})"
     return text + "." + extra
@@ -226,8 +232,8 @@ def _within(kind: str, loads: list[float], margin: float) -> str:
     if not loads:
         return ""
     values = ", ".join(f"{value:g}" for value in loads)
-    return (f" At {kind} {values} it gains less than the {margin:.0%} margin "
-            "(no verdict of pays or loses; speculation is not worth it there).")
+    return (f" At {kind} {values} it cannot clear the {margin:.0%} margin (its interval lies below "
+            f"{1 + margin:.2f}x but reaches break-even): not worth it there, though not shown to lose.")
 
 
 def _unsure(verdict: ArmVerdict, unsure: list[float]) -> str:

@@ -17,11 +17,11 @@ from specwise.bench.load.metrics import PointMetrics, point_metrics, server_acce
 from specwise.bench.results import RequestRecord
 from specwise.bench.load.slo import SLO
 from specwise.bench.stats.bootstrap import DEFAULT_LEVEL
-from specwise.bench.stats.paired import compare, interval_keys, pair
+from specwise.bench.stats.paired import MIN_PAIRS, compare, interval_keys, pair
 
 ALL = "all"
 SHOWN_KEYS = ("tpot_mean", "e2e_mean", "e2e_p50", "output_throughput")
-MIN_CATEGORY_PAIRS = 5          # a category gets intervals from this many paired requests
+MIN_CATEGORY_PAIRS = MIN_PAIRS  # a category gets intervals from this many paired requests
 LATENCY_KEYS = ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p90",
                 "tpot_p99", "itl_mean", "itl_p50", "itl_p99", "e2e_mean", "e2e_p50", "e2e_p90", "e2e_p99")
 PAY_METRICS = tuple(key for key in LATENCY_KEYS if not key.startswith("itl"))     # those with intervals

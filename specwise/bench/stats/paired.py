@@ -13,6 +13,7 @@ Ratios over the pairs, each with a paired bootstrap interval (bench/stats/bootst
     output_throughput, open loop             (sum tokens_arm / window_arm) / (same for baseline)
         the arrival rate sets throughput; windows are held fixed, tokens resampled.
     request_throughput                       the same with one per request instead of tokens.
+Fewer than MIN_PAIRS pairs get no interval (and so no verdict but "can't tell").
 Worked example: pairs with e2e (arm, base) = (1, 2), (2, 2), (1, 2) seconds give an
 e2e_mean ratio of 2 / 1.33 = 1.5x; a resample drawing pairs 1, 1, 2 gives 2 / 1.33 again.
 """
@@ -27,6 +28,7 @@ from specwise.bench.results import RequestRecord
 from specwise.bench.stats.bootstrap import DEFAULT_LEVEL, Interval, ratio_interval, resample_indices, statistic
 
 THROUGHPUT = ("output_throughput", "request_throughput")
+MIN_PAIRS = 5       # fewer pairs get no interval: a bootstrap of 2-4 requests knows almost nothing
 _VALUE = {"ttft": lambda r: r.ttft, "tpot": request_tpot, "e2e": lambda r: r.e2e}
 
 
@@ -52,6 +54,8 @@ def compare(pairs, keys, closed_loop: bool = True, level: float = DEFAULT_LEVEL,
             label: str = "") -> Comparison:
     """Intervals for `keys` over `pairs`; `label` (arm, load, category) varies the seed per comparison."""
     comparison = Comparison(paired=len(pairs))
+    if len(pairs) < MIN_PAIRS:
+        return comparison
     seed = (seed * 1_000_003 + zlib.crc32(label.encode())) % 2 ** 32
     for key in keys:
         interval = _interval(pairs, key, closed_loop, level, seed)
@@ -66,7 +70,7 @@ def _interval(pairs, key: str, closed_loop: bool, level: float, seed: int) -> In
     name, _, stat = key.partition("_")
     values = [(_VALUE[name](a), _VALUE[name](b)) for a, b in pairs]
     values = np.array([pair for pair in values if pair[0] is not None and pair[1] is not None], dtype=float)
-    if len(values) < 2:
+    if len(values) < MIN_PAIRS:
         return None
     index = resample_indices(len(values), seed)
     with np.errstate(divide="ignore", invalid="ignore"):
