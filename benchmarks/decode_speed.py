@@ -6,7 +6,7 @@ ignored) from the same prompt token ids, warm-up excluded, both arms in the same
   decode tok/s     tokens after the first one / time after the first one (prefill excluded);
                    at batch 1 this is 1 / TPOT. transformers: (T(N tokens) - T(1 token)) timed separately
   aggregate tok/s  all generated tokens / wall time, prefill included
-  weight GB/s      model bytes x decode steps/s: the weight traffic decoding needs (each step reads
+  weight GB/s      weight bytes x decode steps/s: the weight traffic decoding needs (each step reads
                    every weight once), against the machine's memory bandwidth measured here
                    (large-tensor sum = read bandwidth, copy = read + write)
   roofline         weight GB/s / measured read bandwidth (fp32 at batch 1 is the memory-bound case)
@@ -14,8 +14,8 @@ ignored) from the same prompt token ids, warm-up excluded, both arms in the same
 Timings are ratios measured side by side on one machine; the absolute figures belong to
 the machine printed at the top. Nothing here is asserted by tests.
 
-    python benchmarks/decode_speed.py                       # default model, fp32, batches 1 4 16 64
-    python benchmarks/decode_speed.py --dtype float32,bfloat16 --max-new-tokens 128
+    python benchmarks/decode_speed.py                       # default model, every weight format, batches 1 4 16 64
+    python benchmarks/decode_speed.py --dtype bfloat16+int4 --max-new-tokens 128
     python benchmarks/decode_speed.py --quick --max-new-tokens 16   # smoke run
 """
 
@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_reference import load_hf  # noqa: E402
 from specwise.engine.llm import LLM  # noqa: E402
 from specwise.models.default_model import default_model_path  # noqa: E402
+from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear  # noqa: E402
 from specwise.sampling_params import SamplingParams  # noqa: E402
 
 TEXTS = [
@@ -57,8 +58,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="HF directory or GGUF file (default: the embedded default model)")
-    parser.add_argument("--dtype", default="float32",
-                        help="comma list of compute dtypes: float32, bfloat16 (default float32)")
+    parser.add_argument("--dtype", default="float32,bfloat16,bfloat16+int8,bfloat16+int4",
+                        help="comma list of weight formats: float32, bfloat16, bfloat16+int8, bfloat16+int4 "
+                             "(compute dtype + weight-only quantization; transformers runs the compute dtype)")
     parser.add_argument("--batch-sizes", default="1,4,16,64", help="comma list (default 1,4,16,64)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per sequence (default 32)")
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence (default 32)")
@@ -103,9 +105,18 @@ def machine() -> dict:
             "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def param_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every distinct parameter (a tied embedding / LM head counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes one decode step reads: every linear layer (LM head included) in its packed
+    format; the embedding table is read a row per token (counted only when it is the LM head)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+        elif isinstance(module, OneDNNLinear):
+            total += module.weight_bytes
+        elif isinstance(module, (Int8Linear, Int4Linear)):
+            total += sum(buffer.numel() * buffer.element_size() for buffer in module.buffers())
+    return total
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -201,13 +212,15 @@ def main(argv=None) -> int:
                   f"greedy, EOS ignored")
     rows = []
     for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
+        compute, _, quantization = dtype_name.partition("+")
+        dtype = getattr(torch, compute)
         max_len = args.prompt_len + args.max_new_tokens + 8
-        llm = LLM(model=str(model_path), dtype=dtype_name, max_num_seqs=max(args.batches),
-                  max_model_len=max_len, max_num_batched_tokens=max(max(args.batches) * args.prompt_len, max_len))
-        ours_bytes = param_bytes(llm.engine.model)
+        llm = LLM(model=str(model_path), dtype=compute, quantization=quantization or "none",
+                  max_num_seqs=max(args.batches), max_model_len=max_len,
+                  max_num_batched_tokens=max(max(args.batches) * args.prompt_len, max_len))
+        ours_bytes = step_weight_bytes(llm.engine.model)
         hf_model = None if args.no_hf else load_hf(model_path, dtype)
-        hf_bytes = param_bytes(hf_model) if hf_model is not None else None
+        hf_bytes = step_weight_bytes(hf_model) if hf_model is not None else None
         for batch_size in args.batches:
             prompts = prompt_token_ids(llm.tokenizer, batch_size, args.prompt_len)
             run_ours(llm, prompts, min(4, args.max_new_tokens))                    # warm-up

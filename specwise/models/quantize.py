@@ -33,6 +33,7 @@ class OneDNNLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features = weight.shape[0]
+        self.weight_bytes = weight.numel() * 2                             # the packed copy is not a buffer
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous(), 1)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
 
