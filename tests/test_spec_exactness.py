@@ -2,7 +2,8 @@
 
 For every drafter (n-gram lookup; a draft model with the target's own weights, which
 the target accepts almost always; a different random draft model, which it almost
-never accepts; layer_skip:1) and k in {1, 3, 5}, on a tiny random fp32 target:
+never accepts; layer_skip:1; suffix, whose global cache drafts later requests from earlier
+responses) and k in {1, 3, 5}, on a tiny random fp32 target:
 
   - at batch 1 and inside a continuous batch whose requests have mixed prompt and
     output lengths, join while others run, and include requests that opt out of
@@ -51,7 +52,7 @@ PROMPTS = [   # (text, max_tokens): mixed prompt and output lengths, repeats for
     ("Numbers: 12345, 2024-06-01, 3.14159", 19),
 ]
 BATCH_ONE_PROMPTS = [0, 2, 3]   # indices into PROMPTS (the continuous batch runs them all)
-DRAFTERS = ["ngram", "draft_same", "draft_other", "layer_skip"]
+DRAFTERS = ["ngram", "draft_same", "draft_other", "layer_skip", "suffix"]
 SLOW = pytest.mark.slow
 
 
@@ -78,7 +79,7 @@ def models(tmp_path_factory):
     target_path = write_tiny_model(root / "target", seed=0, num_layers=TARGET_LAYERS)
     other_path = write_tiny_model(root / "other", seed=7, num_layers=1)
     speculative = {"ngram": "ngram", "draft_same": f"draft:{target_path}", "draft_other": f"draft:{other_path}",
-                   "layer_skip": "layer_skip:1"}
+                   "layer_skip": "layer_skip:1", "suffix": "suffix"}
     return load_checkpoint(target_path), speculative
 
 
@@ -128,8 +129,8 @@ def check_all_free(engine: LLMEngine) -> None:
     engine.block_manager.check_invariants()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert not engine.block_manager.holders
-    pending = getattr(engine.proposer, "pending", None)        # draft model: per-sequence records
-    assert not pending, "the drafter kept state for finished sequences"
+    for name in ("pending", "requests"):          # draft model / suffix: per-sequence records
+        assert not getattr(engine.proposer, name, None), "the drafter kept state for finished sequences"
 
 
 def run(engine: LLMEngine, arrivals: list[tuple[int, str, str, SamplingParams]]):
@@ -245,7 +246,8 @@ def test_greedy_output_equals_the_target_alone_in_a_continuous_batch(models, ref
     check_counters(engine, outputs)
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_same", pytest.param("draft_other", marks=SLOW), "layer_skip"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft_same", pytest.param("draft_other", marks=SLOW), "layer_skip",
+                                     "suffix"])
 def test_preemption_under_a_tiny_kv_cache_keeps_output_exact_and_frees_every_block(models, references, drafter):
     # 6 requests of up to ~60 tokens (15 blocks each) against 40 blocks: lookahead is shed and
     # the newest sequences are preempted and recomputed, some more than once

@@ -18,7 +18,7 @@ the truth, not with another noisy run:
 
 Drafters: ngram (one-hot drafts), draft_same (a draft model with the target's weights:
 p_draft == p_target, every draft accepted), draft_near (the target's weights plus noise:
-sampled drafts from a different distribution, about a third accepted), layer_skip:1.
+sampled drafts from a different distribution, about a third accepted), layer_skip:1, suffix (one-hot).
 
 With max_tokens=4 and k >= 2 the first verification step (after the prefill token)
 carries 2 drafts, so tokens 2 and 3 come from draft positions 0 and 1, from a
@@ -66,7 +66,7 @@ SETTINGS = {
     "plain": dict(temperature=1.0),
     "top_k_top_p": dict(temperature=1.3, top_k=10, top_p=0.9),
 }
-DRAFTERS = ["ngram", pytest.param("draft_same", marks=pytest.mark.slow), "draft_near", "layer_skip"]
+DRAFTERS = ["ngram", pytest.param("draft_same", marks=pytest.mark.slow), "draft_near", "layer_skip", "suffix"]
 
 
 def write_tiny_model(directory: Path, seed: int, num_layers: int, noise: float = 0.0, noise_seed: int = 1) -> Path:
@@ -89,7 +89,7 @@ class Setup:
         near_path = write_tiny_model(root / "near", seed=0, num_layers=2, noise=DRAFT_NOISE)
         self.target = load_checkpoint(self.target_path)
         self.speculative = {"ngram": NGRAM, "draft_same": f"draft:{self.target_path}",
-                            "draft_near": f"draft:{near_path}", "layer_skip": "layer_skip:1"}
+                            "draft_near": f"draft:{near_path}", "layer_skip": "layer_skip:1", "suffix": "suffix"}
         model = build_model(self.target, torch.float32, "cpu", 128)
         self.runner = ModelRunner(model, num_blocks=256 * 32, block_size=BLOCK_SIZE, dtype=torch.float32)
         self.prompt, self.ngram_acceptance = self.ngram_friendly_prompt()

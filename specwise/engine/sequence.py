@@ -32,6 +32,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.num_preemptions = 0
         self.spec = SpecStats()
+        # whose text this is, for drafters that remember responses across requests (suffix's global
+        # cache never drafts one tenant's text for another); None = the one default tenant
+        self.tenant: str | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -5,6 +5,10 @@
     ngram:N             n-gram size N only
     draft:PATH          a smaller model with the target's tokenizer (HF directory or GGUF file)
     layer_skip:L        the target's own first L layers plus its final norm and head
+    suffix              suffix decoding: the request's own text and a cache of earlier responses
+                        (see specwise/engine/spec_decode/suffix.py), matches up to 24 tokens deep
+    suffix:D            matches up to D tokens deep, e.g. suffix:32
+    suffix:D:T          and a global cache of at most T tokens; suffix:24:0 turns the cache off
     none / off          no speculation (same as leaving the flag out)
 
 k (`--num-speculative-tokens`) is the most draft tokens per sequence per step, at most
@@ -19,10 +23,13 @@ from dataclasses import dataclass
 from specwise.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
-METHODS = ("ngram", "draft", "layer_skip")
+METHODS = ("ngram", "draft", "layer_skip", "suffix")
 DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 4     # n-gram sizes of plain `ngram` (why: engine/spec_decode/ngram.py)
-FORMS = "ngram, ngram:MIN-MAX, draft:PATH or layer_skip:L"
+DEFAULT_SUFFIX_DEPTH = 24               # suffix: longest match considered (vLLM's default tree depth)
+DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (~100 bytes each)
+FORMS = "ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L or suffix[:DEPTH[:CACHE_TOKENS]]"
 _NGRAM_SIZES = re.compile(r"(\d+)(?:-(\d+))?")
+_SUFFIX_ARGUMENT = re.compile(r"(\d+)(?::(\d+))?")
 
 
 @dataclass
@@ -33,6 +40,8 @@ class SpeculativeConfig:
     ngram_max_n: int = DEFAULT_MAX_N
     draft_model: str | None = None      # draft: path of the draft model
     layer_skip_layers: int | None = None  # layer_skip: how many of the target's first layers draft
+    suffix_max_depth: int = DEFAULT_SUFFIX_DEPTH               # suffix: longest match, tokens
+    suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS     # suffix: global cache bound, 0 = off
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -50,6 +59,10 @@ class SpeculativeConfig:
             raise ConfigError(f"layer_skip:L needs L >= 1 (how many first layers draft), got {self.layer_skip_layers}")
         if self.method != "layer_skip" and self.layer_skip_layers is not None:
             raise ConfigError(f"a layer count is only used by layer_skip:L, not by {self.method}")
+        if self.suffix_max_depth < 2:
+            raise ConfigError(f"suffix:D needs a match depth D >= 2, got {self.suffix_max_depth}")
+        if self.suffix_cache_tokens < 0:
+            raise ConfigError(f"suffix:D:T needs a cache size T >= 0 tokens, got {self.suffix_cache_tokens}")
 
     @classmethod
     def parse(cls, text: str | None, k: int) -> "SpeculativeConfig | None":
@@ -70,6 +83,11 @@ class SpeculativeConfig:
             if not argument.isdigit():
                 raise ConfigError(f"layer_skip:L needs a whole number of layers L, got {text.strip()!r}")
             return cls("layer_skip", k, layer_skip_layers=int(argument))
+        if method == "suffix":
+            if not has_argument:
+                return cls("suffix", k)
+            depth, cache_tokens = _parse_suffix_argument(argument)
+            return cls("suffix", k, suffix_max_depth=depth, suffix_cache_tokens=cache_tokens)
         raise ConfigError(f"unknown speculative method {text.strip()!r}; use {FORMS}")
 
     @property
@@ -79,6 +97,8 @@ class SpeculativeConfig:
             return f"ngram:{self.ngram_min_n}-{self.ngram_max_n}"
         if self.method == "draft":
             return f"draft:{self.draft_model}"
+        if self.method == "suffix":
+            return f"suffix:{self.suffix_max_depth}:{self.suffix_cache_tokens}"
         return f"layer_skip:{self.layer_skip_layers}"
 
     def check_num_layers(self, num_layers: int) -> None:
@@ -95,3 +115,12 @@ def _parse_ngram_sizes(argument: str) -> tuple[int, int]:
     min_n = int(match.group(1))
     max_n = int(match.group(2)) if match.group(2) is not None else min_n
     return min_n, max_n
+
+
+def _parse_suffix_argument(argument: str) -> tuple[int, int]:
+    match = _SUFFIX_ARGUMENT.fullmatch(argument)
+    if match is None:
+        raise ConfigError(f"suffix options must look like suffix:DEPTH or suffix:DEPTH:CACHE_TOKENS, e.g. "
+                          f"suffix:24:200000, got suffix:{argument}")
+    cache_tokens = DEFAULT_SUFFIX_CACHE_TOKENS if match.group(2) is None else int(match.group(2))
+    return int(match.group(1)), cache_tokens

@@ -11,6 +11,7 @@ from specwise.engine.spec_decode.layer_skip import LayerSkipProposer
 from specwise.engine.spec_decode.ngram import NgramProposer
 from specwise.engine.spec_decode.policy import AutoPolicy, StaticPolicy, StepCost, TablePolicy
 from specwise.engine.spec_decode.proposer import Proposer
+from specwise.engine.spec_decode.suffix import SuffixProposer
 from specwise.engine.step_profile import ProfileCost
 
 
@@ -20,6 +21,8 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
     config.check_num_layers(context.num_layers)
     if config.method == "ngram":
         return NgramProposer(config.ngram_min_n, config.ngram_max_n)
+    if config.method == "suffix":
+        return SuffixProposer(config.suffix_max_depth, config.suffix_cache_tokens)
     if config.method == "layer_skip":
         return LayerSkipProposer(context, config.layer_skip_layers)
     return DraftModelProposer(context, config.draft_model)
