@@ -21,6 +21,15 @@ MODEL_DIR=${SPECWISE_VLLM_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specwise/sm
 DTYPE=${DTYPE:-bfloat16}                  # vLLM's and, unless SPECWISE_DTYPE says otherwise, ours
 SPECWISE_DTYPE=${SPECWISE_DTYPE:-$DTYPE}
 VLLM_ARGS=${VLLM_ARGS---no-enable-prefix-caching}   # specwise has no prefix cache; VLLM_ARGS= keeps vLLM's
+SPECWISE_ARGS=${SPECWISE_ARGS:-}          # more `specwise serve` flags, e.g. --num-threads 1 --quantization int8
+SPEC=${SPEC:-}                            # ngram: both servers speculate (n-gram 2..4, K drafts); evaluate runs
+K=${K:-4}                                 # without warm-up and its acceptance is checked against each server's
+if [[ $SPEC == ngram ]]; then             # own counters (benchmarks/check_acceptance.py)
+  VLLM_ARGS="$VLLM_ARGS --speculative-config {\"method\":\"ngram\",\"num_speculative_tokens\":$K,\"prompt_lookup_min\":2,\"prompt_lookup_max\":4}"
+  SPECWISE_ARGS="$SPECWISE_ARGS --speculative ngram --num-speculative-tokens $K"
+elif [[ -n $SPEC ]]; then
+  echo "SPEC must be ngram or empty, got $SPEC" >&2; exit 2
+fi
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-64}
 KV_CACHE_GB=${KV_CACHE_GB:-2}
@@ -106,12 +115,15 @@ SPECWISE_PORT=$(free_port)
 log "starting specwise serve on 127.0.0.1:$SPECWISE_PORT (log: $OUT/specwise.log)"
 setsid "$ROOT/.venv/bin/specwise" serve --model "$MODEL_DIR" --served-model-name smollm2-135m-instruct \
   --dtype "$SPECWISE_DTYPE" --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" --kv-cache-gb "$KV_CACHE_GB" \
-  --host 127.0.0.1 --port "$SPECWISE_PORT" >"$OUT/specwise.log" 2>&1 &
+  --host 127.0.0.1 --port "$SPECWISE_PORT" $SPECWISE_ARGS >"$OUT/specwise.log" 2>&1 &
 PIDS+=($!)
 wait_healthy specwise "http://127.0.0.1:$SPECWISE_PORT" $!
 
 # 4. One evaluation, both servers as endpoints (arms alternate in rounds at each load point).
 log "specwise evaluate: concurrency $CONCURRENCY, $DURATION s per point -> $OUT"
+scrape() { curl -sf "http://127.0.0.1:$VLLM_PORT/metrics" >"$OUT/vllm-$1.txt"
+           curl -sf "http://127.0.0.1:$SPECWISE_PORT/metrics" >"$OUT/specwise-$1.txt"; }
+[[ -z $SPEC ]] || { scrape before; EXTRA+=(--warmup 0); }
 "$ROOT/.venv/bin/specwise" evaluate --workload suite --concurrency "$CONCURRENCY" --duration "$DURATION" \
   --endpoint "vllm=http://127.0.0.1:$VLLM_PORT" --endpoint "specwise=http://127.0.0.1:$SPECWISE_PORT" \
   --baseline vllm --served-model smollm2-135m-instruct --tokenizer "$MODEL_DIR/tokenizer.json" \
@@ -138,4 +150,5 @@ for conc in sorted({c for _, c in rows}):
     print(f"{conc:>4g}  " + "  ".join(cells))
 print("o/v = specwise / vLLM (TPOT, TTFT: lower is better; tok/s: higher is better)")
 EOF
+[[ -z $SPEC ]] || { scrape after; "$PY" "$ROOT/benchmarks/check_acceptance.py" "$OUT" | tee "$OUT/acceptance.txt"; }
 log "results: $OUT"
