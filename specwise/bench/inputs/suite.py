@@ -3,8 +3,12 @@
 The categories are where speculation behaves differently: output that copies the
 prompt (code editing, summarization / RAG, extraction to JSON) gives n-gram drafting
 something to match; free-form output (chat, creative writing, math, translation)
-leaves only model-based drafters. Data lives in `data/suite/<category>.jsonl`, in the
-user workload format (see workloads.py).
+leaves only model-based drafters. `agentic` is multi-turn: sessions (tool-call JSON, SQL
+refinement, code-agent edit loops, RAG answers quoting their context) whose later turns repeat
+or edit earlier answers; each line carries the whole conversation so far, with a reference
+answer per earlier turn, plus "session" and "turn" (kept in `extra`), and session replay
+(bench/load/sessions.py) swaps the reference answers for the ones the run produced.
+Data lives in `data/suite/<category>.jsonl`, in the user workload format (see workloads.py).
 """
 
 import copy
@@ -16,7 +20,7 @@ from specwise.bench.inputs.workload_file import read_workload
 from specwise.errors import InputError
 
 DATA_DIR = Path(__file__).parent / "data" / "suite"
-CATEGORIES = ("code_editing", "summarization", "extraction", "chat", "math", "translation")
+CATEGORIES = ("code_editing", "summarization", "extraction", "chat", "math", "translation", "agentic")
 
 
 def load_suite(categories=None, per_category: int | None = None) -> list[WorkloadRequest]:

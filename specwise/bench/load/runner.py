@@ -29,6 +29,7 @@ from specwise.bench.load.metrics import point_metrics, server_acceptance_stats
 from specwise.bench.load.plan import Plan
 from specwise.bench.load.progress import View
 from specwise.bench.load.schedule import Schedule, rounds
+from specwise.bench.load.sessions import Sessions
 from specwise.bench.results import RecordWriter, RequestRecord, write_run_info
 from specwise.bench.load.slo import SLO
 from specwise.bench.load.targets.base import Target
@@ -48,6 +49,7 @@ class Runner:
         self.schedule, self.precision = schedule or Schedule("interleaved"), precision
         self.run_start = 0.0
         self.writer: RecordWriter | None = None
+        self.sessions = Sessions()      # multi-turn sessions: a turn carries the previous answer
 
     async def run(self) -> None:
         self.run_start = time.perf_counter()
@@ -125,7 +127,10 @@ class Runner:
         async def send(request):
             nonlocal started
             started += 1
-            record = await measure(target, request, slot, self.timeout, self.tokenizer)
+            request = await self.sessions.prepare(target.name, point, request)
+            answer = self.sessions.recorder(target)
+            record = await measure(answer, request, slot, self.timeout, self.tokenizer)
+            self.sessions.finish(target.name, point, request, answer.text if record.error is None else None)
             self.writer.write(record)
             finished.append(record)
             self.view.request_done(record)
