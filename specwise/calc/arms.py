@@ -3,6 +3,7 @@
 An arm is written METHOD[:KEY=VALUE,...], for example
     off
     ngram:k=4,alpha=0.6
+    suffix:k=8,from=results/eval1,arm=suffix-k8
     draft:k=4,alpha=0.8,drafter=qwen2.5-0.5b
     eagle:positions=0.8/0.6/0.45,cost=0.05
     draft:policy=1=5/32=3/128=0,alpha=0.8,drafter=llama-3.2-1b
@@ -12,7 +13,7 @@ acceptance: alpha | positions | rate (measured accepted / drafted at this k) | f
 evaluate results directory, with arm = its arm name, default this arm's name); drafted
 (share of steps that carry drafts, default 1, or as measured with from); drafting
 cost: drafter (catalog model or config.json on the same GPUs) | cost (relative to a target
-decode step); budget (drafter KV tokens per sequence); overhead_ms (per verification
+decode step), none needed by the model-free ngram and suffix (drafting on the CPU); budget (drafter KV tokens per sequence); overhead_ms (per verification
 step); name.
 """
 
@@ -29,6 +30,7 @@ from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 DEFAULT_K = 4             # as the engine's --num-speculative-tokens
+MODEL_FREE = ("ngram", "suffix")    # drafters with no model: drafting costs no GPU time
 KEYS = ("k", "policy", "alpha", "positions", "rate", "from", "arm", "drafted", "drafter", "cost", "budget",
         "overhead_ms", "name")
 
@@ -175,6 +177,6 @@ def _draft_cost(text: str, method: str, keys: dict, target: StepCostModel, deplo
         raise ConfigError(f"arm {text!r}: budget applies to a drafter model (drafter=...)")
     if "cost" in keys:
         return RelativeDraftCost(target, _number(text, keys, "cost")), None
-    if method == "ngram":
+    if method in MODEL_FREE:
         return NoDraftCost(), None
     raise ConfigError(f"arm {text!r}: say what drafting costs: drafter=MODEL or cost=FRACTION of a target step")

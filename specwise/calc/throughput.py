@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specwise.calc.arms import SpecArm, build_arm
+from specwise.calc.arms import MODEL_FREE, SpecArm, build_arm
 from specwise.calc.deployment import Deployment
 from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
@@ -55,7 +55,7 @@ class ThroughputConfig:
                            ("cost", self.draft_cost), ("budget", self.draft_kv_budget)):
             if value is not None:
                 keys[key] = str(value).replace(",", "/")
-        if self.drafter is None and self.draft_cost is None and self.method != "ngram":
+        if self.drafter is None and self.draft_cost is None and self.method not in MODEL_FREE:
             raise ConfigError("say what drafting costs: --drafter MODEL or --draft-cost FRACTION")
         return build_arm(self.method, keys, target, deployment)
 

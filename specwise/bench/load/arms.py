@@ -1,6 +1,6 @@
 """Arms: what is compared side by side.
 
-In-process methods, `--methods off,ngram,draft:PATH,layer_skip:L`; an optional `@k`
+In-process methods, `--methods off,ngram,suffix,draft:PATH,layer_skip:L`; an optional `@k`
 suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise
 --num-speculative-tokens applies. Endpoints, `--endpoint NAME=URL` (repeatable); the
 method is read from the name (`vllm-off`, `sglang-eagle`, `ngram`...), "http" if none.
@@ -51,7 +51,7 @@ def infer_method(name: str) -> str:
     words = name.lower().replace("_", "-").split("-")
     if any(word in _OFF_WORDS for word in words):
         return "off"
-    for method in ("ngram", "draft", "eagle", "medusa"):
+    for method in ("ngram", "suffix", "draft", "eagle", "medusa"):
         if any(word.startswith(method) for word in words):
             return method
     return "layer_skip" if "layer-skip" in name.lower().replace("_", "-") else "http"

@@ -5,6 +5,10 @@ num_speculative_tokens; for n-gram prompt_lookup_min/max = our n-gram sizes). Th
 `num_speculative_tokens_per_batch_size`, a list of [lo, hi, k] batch-size ranges
 (KTable.to_vllm_ranges; k = 0 turns speculation off in that range); it needs a vLLM release
 with dynamic speculative decoding.
+Suffix decoding: vLLM `{"method": "suffix", "num_speculative_tokens": k,
+"suffix_decoding_max_tree_depth": D}` (vLLM bounds its global cache in requests,
+`suffix_decoding_max_cached_requests`, not tokens: left at its default, 0 where ours was off);
+SGLang `--speculative-algorithm SUFFIX --speculative-num-draft-tokens k+1`.
 SGLang: `--speculative-algorithm NGRAM | STANDALONE | EAGLE` with a chain of k drafts:
 `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
 (the draft-token count includes the verified root token).
@@ -61,8 +65,8 @@ def vllm_config(spec: str, method: str, k: int, table: list[list[int]]) -> dict:
 
 def sglang_flags(spec: str, method: str, k: int) -> dict:
     argument = spec.partition(":")[2]
-    if method == "ngram":
-        return {"sglang": f"--speculative-algorithm NGRAM --speculative-num-draft-tokens {k + 1}",
+    if method in ("ngram", "suffix"):
+        return {"sglang": f"--speculative-algorithm {method.upper()} --speculative-num-draft-tokens {k + 1}",
                 "sglang_note": ""}
     if method in _SGLANG_ALGORITHMS and argument:
         return {"sglang": (f"--speculative-algorithm {_SGLANG_ALGORITHMS[method]} "
@@ -78,6 +82,11 @@ def _vllm_base(spec: str, method: str, k: int) -> dict | None:
         sizes = SpeculativeConfig.parse(spec, k)
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": sizes.ngram_min_n,
                 "prompt_lookup_max": sizes.ngram_max_n}
+    if method == "suffix":
+        suffix = SpeculativeConfig.parse(spec, k)
+        config = {"method": "suffix", "num_speculative_tokens": k,
+                  "suffix_decoding_max_tree_depth": suffix.suffix_max_depth}
+        return config if suffix.suffix_cache_tokens else dict(config, suffix_decoding_max_cached_requests=0)
     if method in _VLLM_METHODS and argument:
         return {"method": _VLLM_METHODS[method], "model": argument, "num_speculative_tokens": k}
     return None
