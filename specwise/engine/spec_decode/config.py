@@ -26,7 +26,7 @@ from specwise.errors import ConfigError
 METHODS = ("ngram", "draft", "layer_skip", "suffix")
 DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 4     # n-gram sizes of plain `ngram` (why: engine/spec_decode/ngram.py)
 DEFAULT_SUFFIX_DEPTH = 24               # suffix: longest match considered (vLLM's default tree depth)
-DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (~100 bytes each)
+DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (<= ~600 bytes each, about 120 MB)
 FORMS = "ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L or suffix[:DEPTH[:CACHE_TOKENS]]"
 _NGRAM_SIZES = re.compile(r"(\d+)(?:-(\d+))?")
 _SUFFIX_ARGUMENT = re.compile(r"(\d+)(?::(\d+))?")
