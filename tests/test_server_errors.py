@@ -28,25 +28,33 @@ CASES = [
     (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, "stop.0", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "seed": -1}, 400, "seed", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "model": "gpt-4"}, 404, "model", "model_not_found"),
-    (COMPLETIONS, {"prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "n": 99}, 400, "n", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
-    (COMPLETIONS, {"prompt": "x", "logit_bias": {"50": 10}}, 400, "logit_bias", "unsupported_parameter"),
-    (COMPLETIONS, {"prompt": "x", "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
-    (COMPLETIONS, {"prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
-    (COMPLETIONS, {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
-    (COMPLETIONS, {"prompt": "x", "repetition_penalty": 1.1}, 400, "repetition_penalty", "unsupported_parameter"),
-    (COMPLETIONS, {"prompt": "x", "min_tokens": 4}, 400, "min_tokens", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"a": 10}}, 400, "logit_bias", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"50": 1000}}, 400, "logit_bias", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"99999": 1}}, 400, None, "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "suffix": "y"}, 400, "suffix", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "functions": [{"name": "f"}]}, 400, "functions", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "min_p": 0.1}, 400, "min_p", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "min_tokens": 40, "max_tokens": 8}, 400, "min_tokens", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", None),
     (COMPLETIONS, {"prompt": ["a", "b"]}, 400, "prompt", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": []}, 400, "prompt", "invalid_value"),
     (COMPLETIONS, {"prompt": [1, 99_999]}, 400, "prompt", "invalid_value"),
     (CHAT, {"messages": []}, 400, "messages", "invalid_value"),
     (CHAT, {"messages": "hi"}, 400, "messages", "invalid_value"),
-    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role", "invalid_value"),
+    (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "invalid_value"),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages.0.content", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      400, "messages.0.content", "unsupported_content"),
-    (CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
-    (CHAT, {"messages": USER, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+    (CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools.0", "invalid_value"),
+    (CHAT, {"messages": USER, "tool_choice": "required"}, 400, "tool_choice", "invalid_value"),
+    (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
+    (CHAT, {"messages": USER, "modalities": ["audio"]}, 400, "modalities", "unsupported_parameter"),
     (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": LONG_PROMPT}]}, 400, "messages", "context_length_exceeded"),
 ]
@@ -98,8 +106,8 @@ def test_openai_client_raises_typed_errors(server):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
     with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model=MODEL, prompt="x", n=2)
-    assert caught.value.body["param"] == "n"
+        client.completions.create(model=MODEL, prompt="x", best_of=3)
+    assert caught.value.body["param"] == "best_of"
 
 
 def test_server_keeps_serving_after_bad_input(server):

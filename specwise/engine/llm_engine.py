@@ -18,6 +18,8 @@ from specwise.engine.block_manager import BlockManager
 from specwise.engine.model_runner import ModelRunner, kv_block_bytes
 from specwise.engine.output_processor import OutputProcessor
 from specwise.engine.outputs import RequestOutput
+from specwise.engine.sampling.grammar import GrammarCompiler
+from specwise.engine.sampling.logits_processors import LogitsProcessing
 from specwise.engine.scheduler import ScheduledBatch, Scheduler
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
@@ -27,6 +29,7 @@ from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.factory import build_policy, build_proposer
+from specwise.engine.spec_decode.grammar_drafts import fit_to_grammars
 from specwise.engine.spec_decode.metrics import SpecStats
 
 Prompt = str | list[int] | list[dict]
@@ -48,6 +51,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device)
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        self.runner.processing = LogitsProcessing(self.tokenizer.eos_token_ids, self.grammars)
         # a sequence that fills the whole KV cache ends with "length" (it could never be scheduled again)
         self.outputs = OutputProcessor(self.tokenizer, min(self.max_model_len, num_blocks * config.block_size))
         self.scheduler.release_hooks += [self.runner.release, self._on_release]
@@ -80,7 +85,9 @@ class LLMEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise InputError(f"request id {request_id!r} is already in flight")
+        self.check_params(params)
         seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63))
+        self.runner.processing.add(seq)
         self.requests[request_id] = seq
         self.outputs.add(seq)
         self.scheduler.add(seq)
@@ -104,6 +111,15 @@ class LLMEngine:
                 raise InputError(f"token id out of range [0, {self.model_config.vocab_size})")
             return list(prompt)
         raise InputError("a prompt is a non-empty string, list of token ids, or list of chat messages")
+
+    def check_params(self, params: SamplingParams) -> None:
+        """InputError for settings this model cannot honour; compiles (and caches) the grammar (any thread)."""
+        vocab_size = self.model_config.vocab_size
+        bad = [t for t in [*params.logit_bias, *params.stop_token_ids] if not 0 <= t < vocab_size]
+        if bad:
+            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        if params.structured_output is not None:
+            self.grammars.check(params.structured_output)
 
     def _check_prompt_fits(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -156,7 +172,8 @@ class LLMEngine:
         if self.proposer is None or not any(batch.num_draft_tokens):
             return None
         started = time.perf_counter()
-        proposal = self.proposer.propose(batch.seqs, batch.num_draft_tokens)
+        proposal = fit_to_grammars(self.proposer.propose(batch.seqs, batch.num_draft_tokens), batch.seqs,
+                                   batch.num_draft_tokens, self.runner.processing)
         seconds = time.perf_counter() - started
         self.stats.drafting_seconds += seconds
         num_drafting = sum(1 for k in batch.num_draft_tokens if k)
@@ -175,19 +192,23 @@ class LLMEngine:
             self.policy.observe(num_drafted, len(emitted) - 1)
         seq.num_computed_tokens = len(seq) + len(emitted) - 1
         result = self.outputs.append(seq, emitted)
+        self.runner.processing.accept(seq, result.new_token_ids)
+        logprobs = self.runner.step_logprobs.pop(seq.seq_id, None)
         if result.finish_reason:
             self.scheduler.finish(seq, result.finish_reason)
         else:
             self.block_manager.trim(seq, len(seq))
-        return self._output(seq, result.new_token_ids, result.new_text, result.finish_reason)
+        return self._output(seq, result.new_token_ids, result.new_text, result.finish_reason,
+                            None if logprobs is None else logprobs[:len(result.new_token_ids)])
 
-    def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason) -> RequestOutput:
+    def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason, logprobs=None) -> RequestOutput:
         text = self.outputs.text(seq)
         if seq.is_finished:
             self.requests.pop(seq.request_id, None)
             self.outputs.remove(seq)
         return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, new_token_ids, text,
-                             new_text, finished=seq.is_finished, finish_reason=finish_reason, spec=seq.spec.copy())
+                             new_text, finished=seq.is_finished, finish_reason=finish_reason, spec=seq.spec.copy(),
+                             new_logprobs=logprobs)
 
     def _on_release(self, seq: Sequence) -> None:
         if self.proposer is not None:

@@ -10,6 +10,8 @@ import itertools
 
 import torch
 
+from specwise.engine.outputs import TokenLogprob
+from specwise.engine.sampling.logits_processors import LogitsProcessing, Row
 from specwise.engine.sampling.rejection import greedy_accept, rejection_sample
 from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, request_generator
 from specwise.engine.scheduler import ScheduledBatch
@@ -38,6 +40,10 @@ class ModelRunner:
         self.kv_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.generators: dict[int, torch.Generator] = {}
+        # penalties, min_tokens, logit_bias, grammars; the engine shares one with its drafters
+        self.processing = LogitsProcessing([])
+        # seq_id -> logprobs of the tokens the last step emitted (requests that asked for them)
+        self.step_logprobs: dict[int, list[TokenLogprob]] = {}
 
     def blocks_for(self, num_slots: int) -> int:
         return -(-num_slots // self.block_size)
@@ -119,27 +125,62 @@ class ModelRunner:
 
     def verify(self, logits: torch.Tensor, seqs: list[Sequence], draft_token_ids: list[list[int]],
                proposal: Proposal | None, batch_rows: list[int]) -> list[list[int]]:
-        """logits [sum(1 + k_i), vocab]: each sequence's 1 + k_i positions in order -> emitted tokens."""
+        """logits [sum(1 + k_i), vocab]: each sequence's 1 + k_i positions in order -> emitted tokens.
+
+        Position j of sequence i is processed (penalties, grammar, ...) as if drafts 0..j-1 were
+        accepted: the distribution plain decoding would sample there once they are emitted."""
         lengths = [1 + len(drafts) for drafts in draft_token_ids]
+        starts = [0, *itertools.accumulate(lengths)]
+        rows = [Row(seq, drafts[:j]) for seq, drafts in zip(seqs, draft_token_ids) for j in range(1 + len(drafts))]
+        logits = self.processing.apply(logits, rows)                                     # [sum(1 + k_i), vocab]
         if all(seq.sampling_params.greedy for seq in seqs):
             argmax = logits.argmax(dim=-1).tolist()
-            starts = [0, *itertools.accumulate(lengths)]
-            return greedy_accept([argmax[start:end] for start, end in zip(starts, starts[1:])], draft_token_ids)
-        width = max(lengths)
-        starts = [0, *itertools.accumulate(lengths)]
-        index = torch.tensor([[start + min(j, length - 1) for j in range(width)]
-                              for start, length in zip(starts, lengths)], device=self.device)
-        target_probs = self.probs(logits[index], seqs)                                   # [n, 1 + max_k, vocab]
-        draft_probs = None
-        if proposal is not None and width > 1:
-            padded = proposal.padded_draft_probs(width - 1, target_probs.shape[2], self.device)
-            draft_probs = None if padded is None else padded[torch.tensor(batch_rows, device=self.device)]
-        generators = [self.generator(seq) for seq in seqs]
-        greedy = [seq.sampling_params.greedy for seq in seqs]
-        return rejection_sample(target_probs, draft_token_ids, draft_probs, greedy, generators)
+            emitted = greedy_accept([argmax[start:end] for start, end in zip(starts, starts[1:])], draft_token_ids)
+        else:
+            width = max(lengths)
+            index = torch.tensor([[start + min(j, length - 1) for j in range(width)]
+                                  for start, length in zip(starts, lengths)], device=self.device)
+            target_probs = self.distribution(logits[index], seqs)                        # [n, 1 + max_k, vocab]
+            draft_probs = None
+            if proposal is not None and width > 1:
+                padded = proposal.padded_draft_probs(width - 1, target_probs.shape[2], self.device)
+                draft_probs = None if padded is None else padded[torch.tensor(batch_rows, device=self.device)]
+            generators = [self.generator(seq) for seq in seqs]
+            greedy = [seq.sampling_params.greedy for seq in seqs]
+            emitted = rejection_sample(target_probs, draft_token_ids, draft_probs, greedy, generators)
+        self._record_logprobs(logits, seqs, starts, emitted)
+        return emitted
 
-    def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Sampling distribution per position: logits [num_seqs, q_len, vocab] -> same shape, fp32."""
+    def _record_logprobs(self, logits: torch.Tensor, seqs: list[Sequence], starts: list[int],
+                         emitted: list[list[int]]) -> None:
+        """Logprobs of emitted token j come from position j: the target's processed logits there."""
+        self.step_logprobs = {}
+        for seq, start, tokens in zip(seqs, starts, emitted):
+            num_top = seq.sampling_params.logprobs
+            if num_top is None:
+                continue
+            logprobs = torch.log_softmax(logits[start:start + len(tokens)].float(), dim=-1)   # [len(tokens), vocab]
+            chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1)
+            top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (logprobs[:, :0], logprobs[:, :0])
+            self.step_logprobs[seq.seq_id] = [
+                TokenLogprob(token, value, list(zip(ids, values)))
+                for token, value, ids, values in zip(tokens, chosen.tolist(), top_ids.long().tolist(),
+                                                     top_values.tolist())]
+
+    def probs(self, logits: torch.Tensor, seqs: list[Sequence],
+              drafts_before: list[list[int]] | None = None) -> torch.Tensor:
+        """Sampling distribution per position: logits [num_seqs, q_len, vocab] -> same shape, fp32.
+
+        Row (i, j) follows seqs[i].token_ids + drafts_before[i] + (nothing more: q_len is 1 when
+        drafts_before is given, as a drafter samples); without it, every row follows the sequence."""
+        num_seqs, q_len, vocab_size = logits.shape
+        extra = drafts_before or [[] for _ in seqs]
+        rows = [Row(seq, list(drafts)) for seq, drafts in zip(seqs, extra) for _ in range(q_len)]
+        processed = self.processing.apply(logits.reshape(-1, vocab_size), rows)
+        return self.distribution(processed.view(num_seqs, q_len, vocab_size), seqs)
+
+    def distribution(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Temperature, top-k, top-p of already processed logits [num_seqs, q_len, vocab] -> probs, fp32."""
         num_seqs, q_len, vocab_size = logits.shape
         sampling = SamplingTensors.from_params([seq.sampling_params for seq in seqs], q_len, self.device)
         return logits_to_probs(logits.reshape(-1, vocab_size), sampling).view(num_seqs, q_len, vocab_size)
@@ -152,3 +193,5 @@ class ModelRunner:
     def release(self, seq: Sequence) -> None:
         if seq.is_finished:
             self.generators.pop(seq.seq_id, None)
+            self.step_logprobs.pop(seq.seq_id, None)
+            self.processing.release(seq)

@@ -64,7 +64,9 @@ class OutputProcessor:
         special = set(self.tokenizer.eos_token_ids) | set(seq.sampling_params.stop_token_ids)
         visible = [t for t in token_ids if t not in special]
         text = self.texts[seq.seq_id] + self.detokenizers[seq.seq_id].add(visible)
-        for stop in seq.sampling_params.stop:
+        # as vLLM: no stop string ends the output before min_tokens (eos and stop tokens are masked)
+        stops = seq.sampling_params.stop if seq.num_output_tokens >= seq.sampling_params.min_tokens else []
+        for stop in stops:
             # search only where a new match can start: the last len(stop)-1 old chars onwards
             index = text.find(stop, max(0, len(self.texts[seq.seq_id]) - len(stop) + 1))
             if index >= 0:

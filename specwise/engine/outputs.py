@@ -6,6 +6,17 @@ from specwise.engine.spec_decode.metrics import SpecStats
 
 
 @dataclass
+class TokenLogprob:
+    """One generated token's log-probability under the target (log_softmax of the processed
+    logits, before temperature: see engine/sampling/logits_processors.py), and the most likely
+    tokens at that position as (token id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
@@ -16,3 +27,4 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None       # "stop" (eos / stop token / stop string), "length", "abort"
     spec: SpecStats = field(default_factory=SpecStats)   # this request's drafts so far (a snapshot)
+    new_logprobs: list[TokenLogprob] | None = None        # one per new token, when the request asked

@@ -23,6 +23,7 @@ from specwise.models.default_model import FILENAME as DEFAULT_MODEL_FILE
 from specwise.server.config import ServerConfig
 from specwise.server.errors import APIError, install_error_handlers
 from specwise.server.generation import Serving
+from specwise.server.logprobs import LogprobFormatter
 from specwise.server.metrics import StatusCounter
 from specwise.server.protocol import COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 from specwise.server.responses import ChatResponder, CompletionResponder
@@ -61,20 +62,24 @@ def api_routes(serving: Serving, config: ServerConfig, model: str, key: str | No
                 "max_model_len": serving.engine.max_model_len}
         return {"object": "list", "data": [card]}
 
+    formatter = LogprobFormatter(serving.engine.tokenizer)
+
     @router.post("/v1/completions")
     async def completions(request: Request):
         body = CompletionRequest.model_validate_json(await read_body(request, config.max_body_bytes))
         check(body, model)
-        job = serving.start(body.single_prompt(), body, "prompt", COMPLETION_DEFAULT_MAX_TOKENS)
-        return await answer(request, job, CompletionResponder(model, job.speculative, body.include_usage),
-                            bool(body.stream))
+        prompt = body.single_prompt()
+        jobs = await serving.start(prompt, body, "prompt", COMPLETION_DEFAULT_MAX_TOKENS)
+        echo = "" if not body.echo else prompt if isinstance(prompt, str) else serving.engine.tokenizer.decode(prompt)
+        responder = CompletionResponder(model, jobs[0].speculative, body, formatter, echo)
+        return await answer(request, jobs, responder, bool(body.stream))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = ChatCompletionRequest.model_validate_json(await read_body(request, config.max_body_bytes))
         check(body, model)
-        job = serving.start(body.template_messages(), body, "messages", None)
-        return await answer(request, job, ChatResponder(model, job.speculative, body.include_usage),
+        jobs = await serving.start(body.template_messages(), body, "messages", None, body.template_tools())
+        return await answer(request, jobs, ChatResponder(model, jobs[0].speculative, body, formatter),
                             bool(body.stream))
 
     return router

@@ -1,18 +1,21 @@
 """One request's life on the server: prompt checks, bounded admission, the engine run, cleanup.
 
 `Serving.start` tokenizes, checks the prompt and max_tokens against the context window
-and the KV cache, and admits the request unless `max_num_seqs + max_queue` are already
-held (429). The returned Job must be closed exactly once (`close` is idempotent): closing
-an unfinished job aborts it in the engine, which frees its KV blocks.
+and the KV cache, compiles a structured-output grammar (in a worker thread: a first grammar
+builds the tokenizer's index, about a second), and admits the request's n choices unless
+`max_num_seqs + max_queue` are already held (429). Each returned Job (one per choice) must be
+closed exactly once (`close` is idempotent): closing an unfinished job aborts it in the
+engine, which frees its KV blocks.
 """
 
+import asyncio
 import uuid
 
 import jinja2
 
 from specwise.engine.async_engine import AsyncEngine
 from specwise.engine.llm_engine import Prompt
-from specwise.engine.outputs import RequestOutput
+from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.errors import SpecwiseError
 from specwise.sampling_params import SamplingParams
 from specwise.server.config import ServerConfig
@@ -29,17 +32,24 @@ class Serving:
         self.admitted = 0
         self.metrics = ServerMetrics(self.engine, lambda: self.admitted)
 
-    def start(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None) -> "Job":
-        token_ids = self.encode(prompt, param)
+    async def start(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None,
+                    tools: list[dict] | None = None) -> "list[Job]":
+        token_ids = self.encode(prompt, param, tools)
         max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
-        params = request.sampling_params(max_tokens)
-        if self.admitted >= self.capacity:
+        params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_choices)]
+        try:
+            await asyncio.to_thread(self.engine.check_params, params[0])
+        except SpecwiseError as error:
+            raise APIError(400, str(error), grammar_param(request, params[0]), "invalid_value") from None
+        if self.admitted + len(params) > self.capacity:
             raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry later",
                            code="queue_full")
-        return Job(self, token_ids, params)
+        return [Job(self, token_ids, choice_params) for choice_params in params]
 
-    def encode(self, prompt: Prompt, param: str) -> list[int]:
+    def encode(self, prompt: Prompt, param: str, tools: list[dict] | None = None) -> list[int]:
         try:
+            if tools:        # the chat template shows the tools (templates that know them)
+                return self.engine.tokenizer.apply_chat_template(prompt, tools=tools)
             return self.engine.encode(prompt)
         except (SpecwiseError, jinja2.TemplateError) as error:
             raise APIError(400, str(error), param, "invalid_value") from None
@@ -65,6 +75,16 @@ class Serving:
         return requested
 
 
+def grammar_param(request: GenerationRequest, params: SamplingParams) -> str | None:
+    """The field a refused grammar came from, for the error body."""
+    if params.structured_output is None:
+        return None
+    for name in ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if getattr(request, name, None) is not None:
+            return name
+    return "tools"
+
+
 class Job:
     def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams):
         self.serving = serving
@@ -74,6 +94,7 @@ class Job:
         self.outputs = serving.async_engine.generate(token_ids, params, self.request_id)
         self.refused = False
         self.closed = False
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
         serving.admitted += 1
 
     async def next(self) -> RequestOutput:
@@ -87,6 +108,8 @@ class Job:
             self.tracker.finish("error")
             raise APIError(500, str(error), code="engine_error") from None
         self.tracker.observe(output)
+        if self.logprobs is not None and output.new_logprobs:
+            self.logprobs.extend(output.new_logprobs)
         if output.finished:
             self.tracker.finish(output.finish_reason)
             if output.finish_reason == "abort":

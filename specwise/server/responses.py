@@ -1,21 +1,38 @@
 """Response bodies and stream chunks of the completions and chat APIs, as plain dicts.
 
+A request with n choices has one engine request per choice; `body` gets each choice's final
+output and all its logprobs, `chunk` one choice's step. Usage counts the prompt once and the
+completion tokens of every choice. With `stream_options.continuous_usage_stats` every chunk
+carries the usage so far; with `include_usage` a last chunk (no choices) carries the total.
+
 Every answer carries a `specwise` object with the request's acceptance figures (the
-definitions of `specwise.engine.spec_decode.metrics`): in the body of a non-streamed answer, and in the
-stream chunk that carries finish_reason.
+definitions of `specwise.engine.spec_decode.metrics`): in the body of a non-streamed answer,
+and in the stream chunk that carries a choice's finish_reason.
+
+Chat requests with tools (tool_choice auto / required / named) stream their message whole,
+in the chunk that finishes it: whether the output is text or tool calls is known only then.
 """
 
 import time
 import uuid
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
-from specwise.engine.outputs import RequestOutput
+from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.engine.spec_decode.metrics import SpecStats
+from specwise.server.logprobs import LogprobFormatter
+from specwise.server.tools import ToolChoice
 
 
-def usage(output: RequestOutput) -> dict:
-    prompt, completion = len(output.prompt_token_ids), len(output.output_token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+@dataclass
+class Finished:
+    output: RequestOutput
+    logprobs: list[TokenLogprob] | None
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def acceptance(speculative: bool, spec: SpecStats) -> dict:
@@ -32,42 +49,54 @@ class Responder(ABC):
     object_name = ""
     chunk_object_name = ""
 
-    def __init__(self, model: str, speculative: bool, include_usage: bool = False):
+    def __init__(self, model: str, speculative: bool, request, formatter: LogprobFormatter):
         self.id = self.id_prefix + uuid.uuid4().hex
         self.model = model
         self.created = int(time.time())
         self.speculative = speculative
-        self.include_usage = include_usage
+        self.include_usage = request.include_usage
+        self.continuous_usage = request.continuous_usage
+        self.formatter = formatter
 
-    def body(self, output: RequestOutput) -> dict:
-        choice = {"index": 0, **self.full_choice(output.text), "logprobs": None,
-                  "finish_reason": output.finish_reason}
-        return {**self._header(self.object_name), "choices": [choice], "usage": usage(output),
-                "specwise": acceptance(self.speculative, output.spec)}
+    def body(self, finished: list[Finished]) -> dict:
+        choices = [{"index": index, **self.full_choice(item)} for index, item in enumerate(finished)]
+        spec = SpecStats()
+        for item in finished:
+            spec = spec.merge(item.output.spec)
+        completion = sum(len(item.output.output_token_ids) for item in finished)
+        return {**self._header(self.object_name), "choices": choices,
+                "usage": usage(len(finished[0].output.prompt_token_ids), completion),
+                "specwise": acceptance(self.speculative, spec)}
 
-    def opening_chunks(self) -> list[dict]:
+    def opening_chunks(self, num_choices: int, prompt_tokens: int) -> list[dict]:
         return []
 
-    def chunk(self, output: RequestOutput) -> dict:
-        choice = {"index": 0, **self.delta_choice(output.new_text, output.finished), "logprobs": None,
-                  "finish_reason": output.finish_reason if output.finished else None}
+    def chunk(self, index: int, output: RequestOutput, usage_so_far: dict | None) -> dict | None:
+        """The stream chunk of one choice's step, or None when it has nothing to say."""
+        fields = self.delta_choice(output)
+        if fields is None:
+            return None
+        choice = {"index": index, **fields, "finish_reason": self.finish_reason(output) if output.finished else None}
         payload = {**self._header(self.chunk_object_name), "choices": [choice]}
-        if self.include_usage:
-            payload["usage"] = None
+        if self.include_usage or self.continuous_usage:
+            payload["usage"] = usage_so_far if self.continuous_usage else None
         if output.finished:
             payload["specwise"] = acceptance(self.speculative, output.spec)
         return payload
 
-    def usage_chunk(self, output: RequestOutput) -> dict:
-        return {**self._header(self.chunk_object_name), "choices": [], "usage": usage(output)}
+    def usage_chunk(self, total: dict) -> dict:
+        return {**self._header(self.chunk_object_name), "choices": [], "usage": total}
+
+    def finish_reason(self, output: RequestOutput) -> str | None:
+        return output.finish_reason
 
     @abstractmethod
-    def full_choice(self, text: str) -> dict:
-        """The choice fields of a non-streamed answer, besides index, logprobs and finish_reason."""
+    def full_choice(self, finished: Finished) -> dict:
+        """The choice fields of a non-streamed answer, besides index."""
 
     @abstractmethod
-    def delta_choice(self, text: str, finished: bool) -> dict:
-        """The choice fields of one stream chunk, besides index, logprobs and finish_reason."""
+    def delta_choice(self, output: RequestOutput) -> dict | None:
+        """The choice fields of one stream chunk, besides index and finish_reason (None: no chunk)."""
 
     def _header(self, object_name: str) -> dict:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
@@ -78,11 +107,25 @@ class CompletionResponder(Responder):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
-    def full_choice(self, text: str) -> dict:
-        return {"text": text}
+    def __init__(self, model: str, speculative: bool, request, formatter: LogprobFormatter, echo: str = ""):
+        super().__init__(model, speculative, request, formatter)
+        self.echo = echo                       # the prompt's text when echo is true
+        self.sent: dict[int, int] = {}         # choice -> characters streamed (logprobs' text_offset)
 
-    def delta_choice(self, text: str, finished: bool) -> dict:
-        return {"text": text}
+    def full_choice(self, finished: Finished) -> dict:
+        logprobs = None if finished.logprobs is None else self.formatter.completion(finished.logprobs, len(self.echo))
+        return {"text": self.echo + finished.output.text, "logprobs": logprobs,
+                "finish_reason": finished.output.finish_reason}
+
+    def delta_choice(self, output: RequestOutput) -> dict | None:
+        if not (output.new_text or output.finished or output.new_logprobs):
+            return None
+        first = output.request_id not in self.sent
+        offset = self.sent.setdefault(output.request_id, len(self.echo))
+        text = (self.echo if first else "") + output.new_text
+        self.sent[output.request_id] = offset + len(output.new_text)
+        logprobs = None if output.new_logprobs is None else self.formatter.completion(output.new_logprobs, offset)
+        return {"text": text, "logprobs": logprobs}
 
 
 class ChatResponder(Responder):
@@ -90,16 +133,53 @@ class ChatResponder(Responder):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def full_choice(self, text: str) -> dict:
-        return {"message": {"role": "assistant", "content": text}}
+    def __init__(self, model: str, speculative: bool, request, formatter: LogprobFormatter):
+        super().__init__(model, speculative, request, formatter)
+        tools: ToolChoice | None = request.tool_choice_info()
+        self.tools = tools if tools is not None and tools.mode != "none" else None
+        self.wants_logprobs = request.requested_logprobs() is not None
+        self.held: dict[str, list[TokenLogprob]] = {}     # request id -> logprobs held with the message
 
-    def opening_chunks(self) -> list[dict]:
-        payload = {**self._header(self.chunk_object_name),
-                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None}]}
-        if self.include_usage:
-            payload["usage"] = None
-        return [payload]
+    def message(self, text: str) -> tuple[dict, bool]:
+        """(the assistant message, whether it holds tool calls)."""
+        calls, content = self.tools.calls(text) if self.tools is not None else (None, text)
+        if calls:
+            return {"role": "assistant", "content": content, "tool_calls": calls}, True
+        return {"role": "assistant", "content": text}, False
 
-    def delta_choice(self, text: str, finished: bool) -> dict:
-        return {"delta": {"content": text} if text or not finished else {}}
+    def full_choice(self, finished: Finished) -> dict:
+        message, called = self.message(finished.output.text)
+        logprobs = None if finished.logprobs is None else self.formatter.chat(finished.logprobs)
+        return {"message": message, "logprobs": logprobs,
+                "finish_reason": "tool_calls" if called else finished.output.finish_reason}
+
+    def finish_reason(self, output: RequestOutput) -> str | None:
+        return "tool_calls" if self.tools is not None and self.message(output.text)[1] else output.finish_reason
+
+    def opening_chunks(self, num_choices: int, prompt_tokens: int) -> list[dict]:
+        chunks = []
+        for index in range(num_choices):
+            payload = {**self._header(self.chunk_object_name),
+                       "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}]}
+            if self.include_usage or self.continuous_usage:
+                payload["usage"] = usage(prompt_tokens, 0) if self.continuous_usage else None
+            chunks.append(payload)
+        return chunks
+
+    def delta_choice(self, output: RequestOutput) -> dict | None:
+        if self.tools is not None:                  # the whole message, once finished
+            if output.new_logprobs:
+                self.held.setdefault(output.request_id, []).extend(output.new_logprobs)
+            if not output.finished:
+                return None
+            message, called = self.message(output.text)
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]} \
+                if called else {"content": message["content"]}
+            held = self.held.pop(output.request_id, None)
+            return {"delta": delta, "logprobs": self.formatter.chat(held) if held and self.wants_logprobs else None}
+        if not (output.new_text or output.finished or output.new_logprobs):
+            return None
+        logprobs = None if output.new_logprobs is None else self.formatter.chat(output.new_logprobs)
+        return {"delta": {"content": output.new_text} if output.new_text or not output.finished else {},
+                "logprobs": logprobs}

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from specwise.engine.outputs import RequestOutput
 from specwise.server.errors import APIError
 from specwise.server.generation import Job
-from specwise.server.responses import Responder
+from specwise.server.responses import Finished, Responder, usage
 
 T = TypeVar("T")
 DONE = "data: [DONE]\n\n"
@@ -28,19 +28,25 @@ class ClientDisconnected(APIError):
         super().__init__(499, "the client disconnected", code="client_disconnected")
 
 
-async def answer(request: Request, job: Job, responder: Responder, stream: bool) -> Response:
+async def answer(request: Request, jobs: list[Job], responder: Responder, stream: bool) -> Response:
+    """Answer the n jobs of one request (one per choice)."""
     if not stream:
         try:
-            output = await until_disconnect(request, job.collect())
+            outputs = await until_disconnect(request, asyncio.gather(*(job.collect() for job in jobs)))
         finally:
-            await job.close()
-        return JSONResponse(responder.body(output))
+            await close_all(jobs)
+        return JSONResponse(responder.body([Finished(output, job.logprobs) for output, job in zip(outputs, jobs)]))
     try:
-        first = await until_disconnect(request, job.next())
+        firsts = await until_disconnect(request, asyncio.gather(*(job.next() for job in jobs)))
     except BaseException:
-        await job.close()
+        await close_all(jobs)
         raise
-    return EventStream(job, events(job, first, responder))
+    return EventStream(jobs, events(jobs, firsts, responder))
+
+
+async def close_all(jobs: list[Job]) -> None:
+    for job in jobs:
+        await job.close()
 
 
 async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
@@ -65,22 +71,47 @@ async def wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def events(job: Job, first: RequestOutput, responder: Responder) -> AsyncIterator[str]:
-    for payload in responder.opening_chunks():
+async def events(jobs: list[Job], firsts: list[RequestOutput], responder: Responder) -> AsyncIterator[str]:
+    """Chunks of every choice as their steps arrive; usage so far counts every choice's tokens."""
+    prompt_tokens = len(firsts[0].prompt_token_ids)
+    completion = [0] * len(jobs)
+    for payload in responder.opening_chunks(len(jobs), prompt_tokens):
         yield sse(payload)
-    output = first
+    queue: asyncio.Queue = asyncio.Queue()
+    for index, first in enumerate(firsts):
+        queue.put_nowait((index, first))
+    readers = [asyncio.ensure_future(read(job, index, queue)) for index, (job, first) in enumerate(zip(jobs, firsts))
+               if not first.finished]
+    remaining = len(jobs)                  # choices whose finished output is still to come
+    try:
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, APIError):
+                yield sse(item.body())
+                break
+            completion[index] = len(item.output_token_ids)
+            payload = responder.chunk(index, item, usage(prompt_tokens, sum(completion)))
+            if payload is not None:
+                yield sse(payload)
+            remaining -= item.finished
+        if responder.include_usage and not remaining:
+            yield sse(responder.usage_chunk(usage(prompt_tokens, sum(completion))))
+    finally:
+        for reader in readers:
+            reader.cancel()
+    yield DONE
+
+
+async def read(job: Job, index: int, queue: asyncio.Queue) -> None:
+    """Put each next output of a job (after its first) on the queue, or the APIError that ended it."""
     try:
         while True:
-            if output.new_text or output.finished:
-                yield sse(responder.chunk(output))
-            if output.finished:
-                break
             output = await job.next()
-        if responder.include_usage:
-            yield sse(responder.usage_chunk(output))
+            queue.put_nowait((index, output))
+            if output.finished:
+                return
     except APIError as error:
-        yield sse(error.body())
-    yield DONE
+        queue.put_nowait((index, error))
 
 
 def sse(payload: dict) -> str:
@@ -88,16 +119,16 @@ def sse(payload: dict) -> str:
 
 
 class EventStream(StreamingResponse):
-    """A text/event-stream response that closes its job however the stream ends."""
+    """A text/event-stream response that closes its jobs however the stream ends."""
 
-    def __init__(self, job: Job, body: AsyncIterator[str]):
+    def __init__(self, jobs: list[Job], body: AsyncIterator[str]):
         super().__init__(body, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.job = job
+        self.jobs = jobs
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
-            await self.job.close()
+            await close_all(self.jobs)

@@ -22,6 +22,7 @@ class DraftModelProposer:
         model = build_model(checkpoint, context.dtype, context.device, context.max_model_len)
         target = context.runner
         runner = ModelRunner(model, target.num_blocks, target.block_size, context.dtype, context.device)
+        runner.processing = target.processing     # the target's penalties and grammars shape the drafts too
         self.drafter = ModelDrafter(runner, vocab_size=context.vocab_size)
         self.kv_cache_bytes = kv_block_bytes(model, target.block_size, context.dtype) * target.num_blocks
         # seq_id -> (length when drafted, draft tokens, end of the K/V the drafter wrote)

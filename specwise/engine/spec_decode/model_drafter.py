@@ -5,7 +5,10 @@ For a sequence of n tokens whose drafter K/V is valid for positions [0, c):
   2. feed draft token j at position n+j-1 and sample draft token j+1, until k tokens.
 The drafter writes K/V up to position n+k-2, inside the k lookahead slots the scheduler
 reserved for the target, through the target's own block table. Draft tokens are sampled
-from `logits_to_probs` with the request's own settings, so full rejection sampling applies.
+from `logits_to_probs` with the request's own settings, so full rejection sampling applies,
+after the same logits processing the verifier applies (penalties, min_tokens, grammar mask),
+counting the drafts made so far as accepted: draft j comes from the distribution the
+verifier scores at position j, which keeps acceptance high under those settings.
 """
 
 import torch
@@ -43,7 +46,7 @@ class ModelDrafter:
         inputs = {row: self._known_ids(seqs[row].token_ids[computed[row]:]) for row in active}
         starts = {row: computed[row] for row in active}
         while active:
-            probs = self._next_probs(seqs, active, inputs, starts)                # {row: [vocab]}
+            probs = self._next_probs(seqs, active, inputs, starts, draft_ids)     # {row: [vocab]}
             tokens = self._sample(seqs, active, probs)
             for row in active:
                 draft_ids[row].append(tokens[row])
@@ -54,7 +57,7 @@ class ModelDrafter:
         stacked = [torch.stack(rows) if rows else None for rows in draft_probs]   # [k_i, vocab] each
         return Proposal(draft_ids, stacked)
 
-    def _next_probs(self, seqs, rows, inputs, starts) -> dict[int, torch.Tensor]:
+    def _next_probs(self, seqs, rows, inputs, starts, draft_ids) -> dict[int, torch.Tensor]:
         long_rows = [row for row in rows if len(inputs[row]) > LONG_CATCH_UP]
         short_rows = [row for row in rows if len(inputs[row]) <= LONG_CATCH_UP]
         probs = {}
@@ -65,7 +68,8 @@ class ModelDrafter:
                                          [seqs[row].block_table for row in group], num_logits=[1] * len(group),
                                          num_layers=self.num_layers)            # [len(group), draft_vocab]
             logits = self._fit_vocab(logits).unsqueeze(1)                       # [len(group), 1, vocab]
-            group_probs = self.runner.probs(logits, [seqs[row] for row in group])[:, 0]   # [len(group), vocab]
+            group_probs = self.runner.probs(logits, [seqs[row] for row in group],
+                                            [draft_ids[row] for row in group])[:, 0]     # [len(group), vocab]
             probs.update(zip(group, group_probs))
         return probs
 

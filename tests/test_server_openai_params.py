@@ -1,0 +1,169 @@
+"""The official `openai` client, every parameter of issue 16, streamed and not, against a live server.
+
+Each case is one request; the checks are on what the client parses: choices, usage (also in
+every chunk with continuous_usage_stats), logprobs, tool calls, JSON that validates. Bad
+structured-output requests get a 400 naming the problem, and the server keeps serving.
+"""
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from test_server_harness import MODEL, engine_idle, serve, wait_until
+
+USER = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "tags", "n"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"],
+    "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "time", "parameters": {
+             "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+             "additionalProperties": False}}}]
+CHAT_CASES = {
+    "max_completion_tokens": dict(max_completion_tokens=5),
+    "penalties": dict(max_tokens=6, presence_penalty=0.5, frequency_penalty=0.5,
+                      extra_body={"repetition_penalty": 1.2}),
+    "min_tokens_ignore_eos": dict(max_tokens=6, extra_body={"min_tokens": 6, "ignore_eos": True}),
+    "seed_stop_user": dict(max_tokens=6, seed=5, temperature=0.9, stop=["zz"], user="u1"),
+    "logprobs": dict(max_tokens=5, logprobs=True, top_logprobs=3),
+    "n": dict(max_tokens=4, n=3, seed=1, temperature=1.0),
+    "logit_bias": dict(max_tokens=4, logit_bias={"65": 100}),
+    "vendor_extension": dict(max_tokens=4, extra_body={"some_vendor_flag": True, "top_k": 5}),
+    "json_object": dict(max_tokens=120, response_format={"type": "json_object"},
+                        extra_body={"guided_json": None}),
+    "json_schema": dict(max_tokens=150, response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "x", "schema": SCHEMA}}),
+    "tools_required": dict(max_tokens=150, tools=TOOLS, tool_choice="required", parallel_tool_calls=False),
+    "tools_named": dict(max_tokens=150, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "time"}}),
+    "tools_none": dict(max_tokens=4, tools=TOOLS, tool_choice="none"),
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=120)
+
+
+def check_chat_choices(name: str, choices, expected_n: int) -> None:
+    assert len(choices) == expected_n
+    for choice in choices:
+        message = choice["message"]
+        if name == "logprobs":
+            content = choice["logprobs"]["content"]
+            assert content and all(len(item["top_logprobs"]) == 3 for item in content)
+        if name == "logit_bias":
+            assert len(message["content"]) == 4 and len(set(message["content"])) == 1   # token 65, every time
+        if name == "json_object":       # any object: a random model may not close it within max_tokens
+            assert message["content"].startswith("{")
+            if choice["finish_reason"] == "stop":
+                assert isinstance(json.loads(message["content"]), dict)
+        if name == "json_schema":
+            jsonschema.validate(json.loads(message["content"]), SCHEMA)
+        if name.startswith("tools_") and name != "tools_none":
+            assert choice["finish_reason"] == "tool_calls", message
+            call = message["tool_calls"][0]
+            arguments = json.loads(call["function"]["arguments"])
+            tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
+            jsonschema.validate(arguments, tool["function"]["parameters"])
+            if name == "tools_named":
+                assert call["function"]["name"] == "time"
+        if name == "min_tokens_ignore_eos":
+            assert choice["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("name", list(CHAT_CASES))
+def test_chat_parameter_not_streamed(client, name):
+    response = client.chat.completions.create(model=MODEL, messages=USER, **CHAT_CASES[name]).model_dump()
+    check_chat_choices(name, response["choices"], CHAT_CASES[name].get("n", 1))
+    usage = response["usage"]
+    assert usage["completion_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + \
+        usage["completion_tokens"]
+
+
+@pytest.mark.parametrize("name", list(CHAT_CASES))
+def test_chat_parameter_streamed_with_continuous_usage(client, name):
+    extra = {**CHAT_CASES[name].get("extra_body", {}),
+             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    stream = client.chat.completions.create(model=MODEL, messages=USER, stream=True,
+                                            **{**CHAT_CASES[name], "extra_body": extra})
+    chunks = [chunk.model_dump() for chunk in stream]
+    assert all(chunk["usage"] is not None for chunk in chunks), "continuous_usage_stats: usage in every chunk"
+    final = chunks[-1]
+    assert final["choices"] == []
+    n = CHAT_CASES[name].get("n", 1)
+    texts, calls, finish, logprobs = [""] * n, [[] for _ in range(n)], [None] * n, [[] for _ in range(n)]
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            texts[choice["index"]] += delta.get("content") or ""
+            calls[choice["index"]] += delta.get("tool_calls") or []
+            finish[choice["index"]] = choice["finish_reason"] or finish[choice["index"]]
+            logprobs[choice["index"]] += (choice.get("logprobs") or {}).get("content") or []
+    choices = [{"message": {"content": text, "tool_calls": call or None}, "finish_reason": reason,
+                "logprobs": {"content": lp}} for text, call, reason, lp in zip(texts, calls, finish, logprobs)]
+    check_chat_choices(name, choices, n)
+    assert final["usage"]["completion_tokens"] == chunks[-2]["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_logprobs_echo_n_best_of(client, stream):
+    kwargs = dict(model=MODEL, prompt="abc", max_tokens=5, logprobs=2, n=2, best_of=2, seed=3, temperature=1.0)
+    if not stream:
+        response = client.completions.create(**kwargs)
+        assert len(response.choices) == 2
+        for choice in response.choices:
+            assert len(choice.logprobs.tokens) == 5 and all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+        echoed = client.completions.create(model=MODEL, prompt="abc", max_tokens=3, echo=True)
+        assert echoed.choices[0].text.startswith("abc")
+    else:
+        chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+        assert {choice.index for chunk in chunks for choice in chunk.choices} == {0, 1}
+        tokens = sum(len(choice.logprobs.tokens) for chunk in chunks for choice in chunk.choices if choice.logprobs)
+        assert tokens == 10 and chunks[-1].usage.completion_tokens == 10
+
+
+BAD_STRUCTURED = [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                                                                                          "properties": 5}}}},
+     "properties"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}, "strin"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "format": "no-such-format"}}}}, "format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {f"key{i}": {"type": "string", "pattern": "a{1,%d}" % (i + 900)}
+                                         for i in range(2000)}}}}}, "limit"),
+    ({"response_format": {"type": "json_schema"}}, "json_schema"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"guided_regex": "(["}, "regex"),
+    ({"guided_choice": []}, "choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "one structured"),
+]
+
+
+@pytest.mark.parametrize("extra, words", BAD_STRUCTURED)
+def test_bad_structured_output_is_a_400_naming_the_problem(server, extra, words):
+    response = httpx.post(server.url("/v1/chat/completions"), timeout=60,
+                          json={"model": MODEL, "messages": USER, "max_tokens": 4, **extra})
+    assert response.status_code == 400, response.text
+    assert words in response.json()["error"]["message"] or words == response.json()["error"]["param"], response.text
+
+
+def test_server_keeps_serving_after_bad_structured_requests(server, client):
+    for extra, _ in BAD_STRUCTURED:
+        httpx.post(server.url("/v1/chat/completions"), json={"messages": USER, **extra}, timeout=60)
+    response = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
+    assert response.usage.completion_tokens == 3
+    assert httpx.get(server.url("/health")).status_code == 200
+    wait_until(lambda: engine_idle(server.engine), what="engine idle")
