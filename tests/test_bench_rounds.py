@@ -112,11 +112,12 @@ def _tpot_speedup(records, info):
 
 
 def test_interleaving_cancels_a_linear_drift(tmp_path):
-    """Both arms are equally fast; the machine slows down 3% per request served."""
+    """Both arms are equally fast; the machine slows down 3% per request served. Tokens take 10 ms
+    (not the default 4) so that sleep overshoot on a loaded machine stays small next to the drift."""
     sequential = []
     for schedule, folder in ((Schedule("sequential"), "seq"), (Schedule("interleaved", round_size=4), "int")):
         served = {"count": 0, "order": []}
-        targets = [FakeTarget("off", served, drift=0.03), FakeTarget("ngram-k4", served, drift=0.03)]
+        targets = [FakeTarget(name, served, per_token=0.01, drift=0.03) for name in ("off", "ngram-k4")]
         sequential.append(_tpot_speedup(*run(tmp_path / folder, targets, schedule, count=24)))
     drifted, interleaved = sequential
     assert drifted < 0.8                    # sequential: the later arm looks ~1.5x slower
