@@ -23,6 +23,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 import tracemalloc
 
@@ -73,6 +74,8 @@ def speedups(llm, category, ks, repeats, max_tokens):
             llm.engine.stats = type(llm.engine.stats)()
             rate, accepted, length = run_pass(llm, groups, max_tokens)
             rates[arm].append(rate)
+            print(f"  {category} repeat {repeat} {arm}: {rate:.1f} tok/s, acceptance {accepted:.2f}, "
+                  f"mean length {length:.2f}", file=sys.stderr, flush=True)
             acceptance[arm] = (accepted, length)
     rows = {}
     for arm in arms[1:]:
