@@ -17,8 +17,6 @@ from specwise.engine.model_runner import ModelRunner
 from specwise.engine.sampling.sampler import request_generator, sample
 from specwise.engine.spec_decode.proposer import Proposal
 
-# catch-up runs longer than this (a prompt) go in their own forward, not padded with decodes
-LONG_CATCH_UP = 4
 # draft sampling must not reuse the verifier's random stream (same seed -> correlated draws)
 DRAFT_SEED_OFFSET = 0x5DEECE66D
 
@@ -58,20 +56,14 @@ class ModelDrafter:
         return Proposal(draft_ids, stacked)
 
     def _next_probs(self, seqs, rows, inputs, starts, draft_ids) -> dict[int, torch.Tensor]:
-        long_rows = [row for row in rows if len(inputs[row]) > LONG_CATCH_UP]
-        short_rows = [row for row in rows if len(inputs[row]) <= LONG_CATCH_UP]
-        probs = {}
-        for group in (long_rows, short_rows):
-            if not group:
-                continue
-            logits = self.runner.forward([inputs[row] for row in group], [starts[row] for row in group],
-                                         [seqs[row].block_table for row in group], num_logits=[1] * len(group),
-                                         num_layers=self.num_layers)            # [len(group), draft_vocab]
-            logits = self._fit_vocab(logits).unsqueeze(1)                       # [len(group), 1, vocab]
-            group_probs = self.runner.probs(logits, [seqs[row] for row in group],
-                                            [draft_ids[row] for row in group])[:, 0]     # [len(group), vocab]
-            probs.update(zip(group, group_probs))
-        return probs
+        # one flat forward: a long catch-up (a prompt) costs its own tokens only, nothing is padded
+        logits = self.runner.forward([inputs[row] for row in rows], [starts[row] for row in rows],
+                                     [seqs[row].block_table for row in rows], num_logits=[1] * len(rows),
+                                     num_layers=self.num_layers)                # [len(rows), draft_vocab]
+        logits = self._fit_vocab(logits).unsqueeze(1)                           # [len(rows), 1, vocab]
+        probs = self.runner.probs(logits, [seqs[row] for row in rows],
+                                  [draft_ids[row] for row in rows])[:, 0]              # [len(rows), vocab]
+        return dict(zip(rows, probs))
 
     def _known_ids(self, token_ids: list[int]) -> list[int]:
         """A padded target may emit ids past the drafter's embeddings: feed 0 instead (only
