@@ -15,7 +15,7 @@ Profile JSON (written by `specwise calibrate` or by hand):
       "prefill_seconds": [0.9, 3.4, 14.8],           its time, measured with prompts of
       "prefill_prompt_len": 256,                     this length (1, 4 and 16 of them)
       "prefill_pads_to_longest": true                optional: the engine pads a prefill step's
-    }                                                prompts to its longest (specwise's does)
+    }                                                prompts to its longest (specwise's flat steps do not)
 
 Between grid points the time is piecewise linear along each axis; beyond the edges it is
 extended linearly from the last two points (so a batch twice the largest measured one
