@@ -34,7 +34,7 @@ CASES = [
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"50": 1000}}, 400, "logit_bias", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"99999": 1}}, 400, None, "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
-    (COMPLETIONS, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "x", "suffix": "y"}, 400, "suffix", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "x", "functions": [{"name": "f"}]}, 400, "functions", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "x", "min_p": 0.1}, 400, "min_p", "invalid_value"),

@@ -95,6 +95,7 @@ class Job:
         self.refused = False
         self.closed = False
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None     # with the first output, if asked
         serving.admitted += 1
 
     async def next(self) -> RequestOutput:
@@ -108,6 +109,8 @@ class Job:
             self.tracker.finish("error")
             raise APIError(500, str(error), code="engine_error") from None
         self.tracker.observe(output)
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
         if self.logprobs is not None and output.new_logprobs:
             self.logprobs.extend(output.new_logprobs)
         if output.finished:

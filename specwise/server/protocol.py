@@ -33,7 +33,7 @@ StopString = Annotated[str, Field(min_length=1)]
 # parameter -> why it is refused (a 400 when given with anything but a neutral value)
 UNSUPPORTED = {"suffix": "suffix (insertion) is not supported", "functions": "use tools instead of functions",
                "function_call": "use tool_choice instead of function_call",
-               "prompt_logprobs": "prompt logprobs are not supported", "audio": "audio output is not supported",
+               "prompt_logprobs": "use echo with logprobs on /v1/completions for prompt logprobs", "audio": "audio output is not supported",
                "prediction": "predicted outputs are not supported",
                "web_search_options": "web search is not supported"}
 NEUTRAL = (None, "", [], {}, False)
@@ -108,6 +108,9 @@ class GenerationRequest(BaseModel):
     def requested_logprobs(self) -> int | None:
         return None
 
+    def requested_prompt_logprobs(self) -> int | None:
+        return None
+
     def structured(self) -> StructuredOutput | None:
         return structured_output(self)
 
@@ -123,6 +126,7 @@ class GenerationRequest(BaseModel):
                   "stop_token_ids": self.stop_token_ids, "presence_penalty": self.presence_penalty,
                   "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
                   "logit_bias": self._logit_bias(), "logprobs": self.requested_logprobs(),
+                  "prompt_logprobs": self.requested_prompt_logprobs(),
                   "structured_output": self.structured(),
                   "top_k": None if self.top_k is None else max(self.top_k, 0)}
         try:
@@ -154,12 +158,13 @@ class CompletionRequest(GenerationRequest):
         if self.best_of is not None and self.best_of != self.num_choices:
             raise APIError(400, f"best_of ({self.best_of}) other than n ({self.num_choices}) is not supported "
                                 "(no ranking of candidates)", "best_of", "unsupported_parameter")
-        if self.echo and self.logprobs is not None:
-            raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo",
-                           "unsupported_parameter")
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """echo with logprobs: the prompt's tokens come back with their logprobs too."""
+        return self.logprobs if self.echo else None
 
     def single_prompt(self) -> str | list[int]:
         """A string or a list of token ids; a one-element batch of either is unwrapped."""

@@ -28,6 +28,7 @@ from specwise.server.tools import ToolChoice
 class Finished:
     output: RequestOutput
     logprobs: list[TokenLogprob] | None
+    prompt_logprobs: list[TokenLogprob | None] | None = None      # echo with logprobs
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -110,22 +111,31 @@ class CompletionResponder(Responder):
     def __init__(self, model: str, speculative: bool, request, formatter: LogprobFormatter, echo: str = ""):
         super().__init__(model, speculative, request, formatter)
         self.echo = echo                       # the prompt's text when echo is true
-        self.sent: dict[int, int] = {}         # choice -> characters streamed (logprobs' text_offset)
+        # request id -> text_offset of its next token: the echo, then the output's token texts summed
+        # (as in the non-streamed body, whatever the detokenizer holds back)
+        self.sent: dict[str, int] = {}
 
     def full_choice(self, finished: Finished) -> dict:
-        logprobs = None if finished.logprobs is None else self.formatter.completion(finished.logprobs, len(self.echo))
+        logprobs = None
+        if finished.logprobs is not None:
+            logprobs = self.formatter.completion(finished.logprobs, len(self.echo),
+                                                 self._prompt(finished.output, finished.prompt_logprobs))
         return {"text": self.echo + finished.output.text, "logprobs": logprobs,
                 "finish_reason": finished.output.finish_reason}
 
     def delta_choice(self, output: RequestOutput) -> dict | None:
-        if not (output.new_text or output.finished or output.new_logprobs):
+        if not (output.new_text or output.finished or output.new_logprobs or output.prompt_logprobs):
             return None
         first = output.request_id not in self.sent
         offset = self.sent.setdefault(output.request_id, len(self.echo))
         text = (self.echo if first else "") + output.new_text
-        self.sent[output.request_id] = offset + len(output.new_text)
-        logprobs = None if output.new_logprobs is None else self.formatter.completion(output.new_logprobs, offset)
+        self.sent[output.request_id] = offset + sum(len(self.formatter.token(t)) for t in output.new_token_ids)
+        logprobs = None if output.new_logprobs is None else self.formatter.completion(
+            output.new_logprobs, offset, self._prompt(output, output.prompt_logprobs))
         return {"text": text, "logprobs": logprobs}
+
+    def _prompt(self, output: RequestOutput, prompt_logprobs) -> tuple | None:
+        return None if prompt_logprobs is None else (output.prompt_token_ids, prompt_logprobs)
 
 
 class ChatResponder(Responder):
