@@ -135,6 +135,20 @@ def test_completions_logprobs_echo_n_best_of(client, stream):
         assert tokens == 10 and chunks[-1].usage.completion_tokens == 10
 
 
+def test_best_of_returns_the_n_most_likely_candidates(client):
+    """best_of 4, n 2 answers with the two of the four candidates (the choices of n 4, same seeds) whose
+    tokens have the highest cumulative logprob, best first; usage counts all four."""
+    kwargs = dict(model=MODEL, prompt="abc", max_tokens=6, seed=11, temperature=1.0)
+    candidates = client.completions.create(n=4, logprobs=0, **kwargs)
+    ranked = sorted(candidates.choices, key=lambda choice: sum(choice.logprobs.token_logprobs), reverse=True)
+    for logprobs in (0, None):
+        best = client.completions.create(n=2, best_of=4, logprobs=logprobs, **kwargs)
+        assert [choice.text for choice in best.choices] == [choice.text for choice in ranked[:2]]
+        assert [choice.index for choice in best.choices] == [0, 1]
+        assert all((choice.logprobs is None) == (logprobs is None) for choice in best.choices)
+        assert best.usage.completion_tokens == candidates.usage.completion_tokens
+
+
 def test_echo_with_logprobs_gives_the_prompt_logprobs_of_a_full_forward(server, client):
     """The prompt's tokens first (the first with null), equal to one forward over the prompt; streamed the same."""
     engine = tiny_engine()

@@ -3,7 +3,8 @@
 `Serving.start` tokenizes, checks the prompt and max_tokens against the context window
 and the KV cache, compiles a structured-output grammar (in a worker thread: a first grammar
 builds the tokenizer's index, about a second), and admits the request's n choices unless
-`max_num_seqs + max_queue` are already held (429). Each returned Job (one per choice) must be
+`max_num_seqs + max_queue` are already held (429). Each returned Job (one per choice, or per
+candidate with best_of) must be
 closed exactly once (`close` is idempotent): closing an unfinished job aborts it in the
 engine, which frees its KV blocks.
 """
@@ -36,7 +37,7 @@ class Serving:
                     tools: list[dict] | None = None) -> "list[Job]":
         token_ids = self.encode(prompt, param, tools)
         max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
-        params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_choices)]
+        params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_candidates)]
         try:
             await asyncio.to_thread(self.engine.check_params, params[0])
         except SpecwiseError as error:
@@ -96,6 +97,7 @@ class Job:
         self.closed = False
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
         self.prompt_logprobs: list[TokenLogprob | None] | None = None     # with the first output, if asked
+        self.cumulative_logprob = 0.0          # of the generated tokens (best_of ranks candidates by it)
         serving.admitted += 1
 
     async def next(self) -> RequestOutput:
@@ -113,6 +115,7 @@ class Job:
             self.prompt_logprobs = output.prompt_logprobs
         if self.logprobs is not None and output.new_logprobs:
             self.logprobs.extend(output.new_logprobs)
+            self.cumulative_logprob += sum(item.logprob for item in output.new_logprobs)
         if output.finished:
             self.tracker.finish(output.finish_reason)
             if output.finish_reason == "abort":

@@ -103,7 +103,13 @@ class GenerationRequest(BaseModel):
 
     @property
     def num_choices(self) -> int:
+        """Choices in the answer."""
         return self.n or 1
+
+    @property
+    def num_candidates(self) -> int:
+        """Engine requests: one per choice, or best_of (completions) ranked down to n."""
+        return self.num_choices
 
     def requested_logprobs(self) -> int | None:
         return None
@@ -155,11 +161,21 @@ class CompletionRequest(GenerationRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.best_of is not None and self.best_of != self.num_choices:
-            raise APIError(400, f"best_of ({self.best_of}) other than n ({self.num_choices}) is not supported "
-                                "(no ranking of candidates)", "best_of", "unsupported_parameter")
+        if self.best_of is not None and self.best_of < self.num_choices:
+            raise APIError(400, f"best_of ({self.best_of}) must be at least n ({self.num_choices})", "best_of",
+                           "invalid_value")
+        if self.stream and self.num_candidates > self.num_choices:
+            raise APIError(400, f"best_of ({self.best_of}) greater than n ({self.num_choices}) cannot be streamed",
+                           "best_of", "invalid_value")
+
+    @property
+    def num_candidates(self) -> int:
+        return self.best_of or self.num_choices
 
     def requested_logprobs(self) -> int | None:
+        """Candidates are ranked by their tokens' logprobs: asked for internally when best_of > n."""
+        if self.logprobs is None and self.num_candidates > self.num_choices:
+            return 0
         return self.logprobs
 
     def requested_prompt_logprobs(self) -> int | None:
