@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 import torch
-from test_server_harness import MODEL, engine_idle, serve, tiny_engine, wait_until
+from test_server_harness import MODEL, engine_idle, metric, serve, tiny_engine, wait_until
 
 ECHO_PROMPT = "The cat sat on the"
 USER = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]
@@ -147,6 +147,19 @@ def test_best_of_returns_the_n_most_likely_candidates(client):
         assert [choice.index for choice in best.choices] == [0, 1]
         assert all((choice.logprobs is None) == (logprobs is None) for choice in best.choices)
         assert best.usage.completion_tokens == candidates.usage.completion_tokens
+
+
+@pytest.mark.parametrize("choices", [dict(n=3), dict(n=1, best_of=3)])
+def test_metrics_count_the_prompt_once_per_request(server, client, choices):
+    before = server.metrics()
+    response = client.completions.create(model=MODEL, prompt="abcdef", max_tokens=4, temperature=1.0,
+                                         extra_body={"ignore_eos": True}, **choices)
+    after = server.metrics()
+
+    def delta(name):
+        return metric(after, name) - metric(before, name)
+    assert delta("specwise:prompt_tokens_total") == response.usage.prompt_tokens == 7     # BOS + 6 bytes
+    assert delta("specwise:generation_tokens_total") == response.usage.completion_tokens == 12
 
 
 def test_echo_with_logprobs_gives_the_prompt_logprobs_of_a_full_forward(server, client):

@@ -45,7 +45,9 @@ class Serving:
         if self.admitted + len(params) > self.capacity:
             raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry later",
                            code="queue_full")
-        return [Job(self, token_ids, choice_params) for choice_params in params]
+        # the prompt is counted once per request (as vLLM), however many choices share it
+        return [Job(self, token_ids, choice_params, count_prompt=index == 0)
+                for index, choice_params in enumerate(params)]
 
     def encode(self, prompt: Prompt, param: str, tools: list[dict] | None = None) -> list[int]:
         try:
@@ -87,11 +89,11 @@ def grammar_param(request: GenerationRequest, params: SamplingParams) -> str | N
 
 
 class Job:
-    def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams):
+    def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams, count_prompt: bool = True):
         self.serving = serving
         self.request_id = uuid.uuid4().hex
         self.speculative = serving.engine.proposer is not None and params.speculative
-        self.tracker = serving.metrics.track(len(token_ids))
+        self.tracker = serving.metrics.track(len(token_ids) if count_prompt else 0)
         self.outputs = serving.async_engine.generate(token_ids, params, self.request_id)
         self.refused = False
         self.closed = False
