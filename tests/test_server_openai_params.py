@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 import torch
-from test_server_harness import MODEL, engine_idle, metric, serve, tiny_engine, wait_until
+from test_server_harness import MODEL, TOOLS_ENGINE, engine_idle, metric, serve, tiny_engine, wait_until
 
 ECHO_PROMPT = "The cat sat on the"
 USER = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]
@@ -48,7 +48,7 @@ CHAT_CASES = {
 
 @pytest.fixture(scope="module")
 def server():
-    with serve() as running:
+    with serve(tiny_engine(**TOOLS_ENGINE)) as running:
         yield running
 
 

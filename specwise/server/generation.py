@@ -1,6 +1,7 @@
 """One request's life on the server: prompt checks, bounded admission, the engine run, cleanup.
 
-`Serving.start` tokenizes, checks the prompt and max_tokens against the context window
+`Serving.start` tokenizes (tools through the chat template when it renders them, else in the
+system prompt: tool_prompt.py), checks the prompt and max_tokens against the context window
 and the KV cache, compiles a structured-output grammar (in a worker thread: a first grammar
 builds the tokenizer's index, about a second), and admits the request's n choices unless
 `max_num_seqs + max_queue` are already held (429). Each returned Job (one per choice, or per
@@ -22,6 +23,7 @@ from specwise.sampling_params import SamplingParams
 from specwise.server.config import ServerConfig
 from specwise.server.errors import APIError
 from specwise.server.metrics import ServerMetrics
+from specwise.server import tool_prompt
 from specwise.server.protocol import GenerationRequest
 
 
@@ -50,9 +52,12 @@ class Serving:
                 for index, choice_params in enumerate(params)]
 
     def encode(self, prompt: Prompt, param: str, tools: list[dict] | None = None) -> list[int]:
+        tokenizer = self.engine.tokenizer
         try:
-            if tools:        # the chat template shows the tools (templates that know them)
-                return self.engine.tokenizer.apply_chat_template(prompt, tools=tools)
+            if param == "messages" and not tokenizer.template_takes_tools:
+                prompt, tools = tool_prompt.as_text(prompt, tools), None     # tools in the system prompt
+            if tools:        # the chat template shows the tools
+                return tokenizer.apply_chat_template(prompt, tools=tools)
             return self.engine.encode(prompt)
         except (SpecwiseError, jinja2.TemplateError) as error:
             raise APIError(400, str(error), param, "invalid_value") from None
