@@ -194,21 +194,23 @@ class LLMEngine:
         result = self.outputs.append(seq, emitted)
         self.runner.processing.accept(seq, result.new_token_ids)
         logprobs = self.runner.step_logprobs.pop(seq.seq_id, None)
+        prompt_logprobs = self.runner.prompt_logprobs.pop(seq.seq_id, None)     # the first output only
         if result.finish_reason:
             self.scheduler.finish(seq, result.finish_reason)
         else:
             self.block_manager.trim(seq, len(seq))
         return self._output(seq, result.new_token_ids, result.new_text, result.finish_reason,
-                            None if logprobs is None else logprobs[:len(result.new_token_ids)])
+                            None if logprobs is None else logprobs[:len(result.new_token_ids)], prompt_logprobs)
 
-    def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason, logprobs=None) -> RequestOutput:
+    def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason, logprobs=None,
+                prompt_logprobs=None) -> RequestOutput:
         text = self.outputs.text(seq)
         if seq.is_finished:
             self.requests.pop(seq.request_id, None)
             self.outputs.remove(seq)
         return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, new_token_ids, text,
                              new_text, finished=seq.is_finished, finish_reason=finish_reason, spec=seq.spec.copy(),
-                             new_logprobs=logprobs)
+                             new_logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     def _on_release(self, seq: Sequence) -> None:
         if self.proposer is not None:

@@ -3,7 +3,13 @@
 A step is flat (see models/attention.py): sequence i feeds a run of query tokens (a prompt
 chunk, or its last token plus k_i drafts), all runs concatenated into one row dimension.
 Logits are computed only where tokens are sampled: the last 1 + k_i positions of a
-sequence that emits this step, none for a prompt chunk that does not reach its end.
+sequence that emits this step, none for a prompt chunk that does not reach its end. A request
+that asked for prompt logprobs also gets logits at its chunk's prompt positions, until its first
+output (they are a suffix of the chunk: positions already recorded come first).
+
+Worked example (prompt_logprobs, prompt of 10 tokens, chunks of 4): chunk 0..3 gives rows 0..3
+(tokens 1..4), chunk 4..7 rows 4..7 (tokens 5..8), chunk 8..9 rows 8 (token 9) + 9 (sampled).
+A preemption before the first output recomputes chunks whose positions are already held: no rows.
 """
 
 import itertools
@@ -44,6 +50,8 @@ class ModelRunner:
         self.processing = LogitsProcessing([])
         # seq_id -> logprobs of the tokens the last step emitted (requests that asked for them)
         self.step_logprobs: dict[int, list[TokenLogprob]] = {}
+        # seq_id -> prompt token i's logprob so far (None for token 0), until the first output takes it
+        self.prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
 
     def blocks_for(self, num_slots: int) -> int:
         return -(-num_slots // self.block_size)
@@ -113,8 +121,11 @@ class ModelRunner:
         num_logits = [0] * len(seqs)
         for index in emitting:
             num_logits[index] = 1 + len(draft_token_ids[index])
-        logits = self.forward(token_ids, [seq.num_computed_tokens for seq in seqs],
-                              [seq.block_table for seq in seqs], num_logits)               # [rows, vocab]
+        prompt_rows = [self._prompt_rows(seq, count) for seq, count in zip(seqs, batch.num_new_tokens)]
+        logits = self.forward(token_ids, [seq.num_computed_tokens for seq in seqs], [seq.block_table for seq in seqs],
+                              [extra + count for extra, count in zip(prompt_rows, num_logits)])   # [rows, vocab]
+        if any(prompt_rows):
+            logits = self._take_prompt_logprobs(logits, seqs, prompt_rows, num_logits)    # [sum(num_logits), vocab]
         emitted = [[] for _ in seqs]
         if emitting:
             tokens = self.verify(logits, [seqs[i] for i in emitting], [draft_token_ids[i] for i in emitting],
@@ -122,6 +133,29 @@ class ModelRunner:
             for index, row_tokens in zip(emitting, tokens):
                 emitted[index] = row_tokens
         return emitted
+
+    def _prompt_rows(self, seq: Sequence, count: int) -> int:
+        """How many of this chunk's positions give prompt logprobs: the chunk's last ones before its
+        sampled position, not yet held. Position p's logits give prompt token p + 1."""
+        if seq.sampling_params.prompt_logprobs is None or seq.num_output_tokens:
+            return 0
+        held = self.prompt_logprobs.setdefault(seq.seq_id, [None])
+        first = max(seq.num_computed_tokens, len(held) - 1)
+        last = min(seq.num_computed_tokens + count - 1, seq.num_prompt_tokens - 2)
+        return max(0, last - first + 1)
+
+    def _take_prompt_logprobs(self, logits: torch.Tensor, seqs: list[Sequence], prompt_rows: list[int],
+                              num_logits: list[int]) -> torch.Tensor:
+        """Record the prompt rows' logprobs (the raw log_softmax); returns the sampled rows alone."""
+        row, sampled = 0, []
+        for seq, extra, count in zip(seqs, prompt_rows, num_logits):
+            if extra:
+                held = self.prompt_logprobs[seq.seq_id]
+                tokens = seq.token_ids[len(held):len(held) + extra]
+                held += token_logprobs(logits[row:row + extra], tokens, seq.sampling_params.prompt_logprobs)
+            sampled.extend(range(row + extra, row + extra + count))
+            row += extra + count
+        return logits[torch.tensor(sampled, dtype=torch.long, device=logits.device)]
 
     def verify(self, logits: torch.Tensor, seqs: list[Sequence], draft_token_ids: list[list[int]],
                proposal: Proposal | None, batch_rows: list[int]) -> list[list[int]]:
@@ -156,16 +190,9 @@ class ModelRunner:
         """Logprobs of emitted token j come from position j: the target's processed logits there."""
         self.step_logprobs = {}
         for seq, start, tokens in zip(seqs, starts, emitted):
-            num_top = seq.sampling_params.logprobs
-            if num_top is None:
-                continue
-            logprobs = torch.log_softmax(logits[start:start + len(tokens)].float(), dim=-1)   # [len(tokens), vocab]
-            chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1)
-            top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (logprobs[:, :0], logprobs[:, :0])
-            self.step_logprobs[seq.seq_id] = [
-                TokenLogprob(token, value, list(zip(ids, values)))
-                for token, value, ids, values in zip(tokens, chosen.tolist(), top_ids.long().tolist(),
-                                                     top_values.tolist())]
+            if seq.sampling_params.logprobs is not None:
+                self.step_logprobs[seq.seq_id] = token_logprobs(logits[start:start + len(tokens)], tokens,
+                                                                seq.sampling_params.logprobs)
 
     def probs(self, logits: torch.Tensor, seqs: list[Sequence],
               drafts_before: list[list[int]] | None = None) -> torch.Tensor:
@@ -194,4 +221,14 @@ class ModelRunner:
         if seq.is_finished:
             self.generators.pop(seq.seq_id, None)
             self.step_logprobs.pop(seq.seq_id, None)
+            self.prompt_logprobs.pop(seq.seq_id, None)
             self.processing.release(seq)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], num_top: int) -> list[TokenLogprob]:
+    """logits [len(tokens), vocab] -> each token's log_softmax value and the num_top most likely."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)                                # [len(tokens), vocab]
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1)
+    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (logprobs[:, :0], logprobs[:, :0])
+    return [TokenLogprob(token, value, list(zip(ids, values)))
+            for token, value, ids, values in zip(tokens, chosen.tolist(), top_ids.long().tolist(), top_values.tolist())]

@@ -1,8 +1,11 @@
 """Response bodies and stream chunks of the completions and chat APIs, as plain dicts.
 
 A request with n choices has one engine request per choice; `body` gets each choice's final
-output and all its logprobs, `chunk` one choice's step. Usage counts the prompt once and the
-completion tokens of every choice. With `stream_options.continuous_usage_stats` every chunk
+output and all its logprobs, `chunk` one choice's step. With best_of > n (completions, not
+streamed) there is one engine request per candidate and `body` answers with the n whose tokens
+have the highest cumulative logprob, best first (as vLLM did). Usage counts the prompt once and
+the completion tokens of every choice, and of every candidate (all were generated, as OpenAI
+bills them). With `stream_options.continuous_usage_stats` every chunk
 carries the usage so far; with `include_usage` a last chunk (no choices) carries the total.
 
 Every answer carries a `specwise` object with the request's acceptance figures (the
@@ -28,6 +31,8 @@ from specwise.server.tools import ToolChoice
 class Finished:
     output: RequestOutput
     logprobs: list[TokenLogprob] | None
+    prompt_logprobs: list[TokenLogprob | None] | None = None      # echo with logprobs
+    cumulative_logprob: float = 0.0                                 # best_of's ranking
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -57,9 +62,13 @@ class Responder(ABC):
         self.include_usage = request.include_usage
         self.continuous_usage = request.continuous_usage
         self.formatter = formatter
+        self.num_choices = request.num_choices
 
     def body(self, finished: list[Finished]) -> dict:
-        choices = [{"index": index, **self.full_choice(item)} for index, item in enumerate(finished)]
+        chosen = finished
+        if len(finished) > self.num_choices:       # best_of candidates: the most likely n
+            chosen = sorted(finished, key=lambda item: item.cumulative_logprob, reverse=True)[:self.num_choices]
+        choices = [{"index": index, **self.full_choice(item)} for index, item in enumerate(chosen)]
         spec = SpecStats()
         for item in finished:
             spec = spec.merge(item.output.spec)
@@ -110,22 +119,32 @@ class CompletionResponder(Responder):
     def __init__(self, model: str, speculative: bool, request, formatter: LogprobFormatter, echo: str = ""):
         super().__init__(model, speculative, request, formatter)
         self.echo = echo                       # the prompt's text when echo is true
-        self.sent: dict[int, int] = {}         # choice -> characters streamed (logprobs' text_offset)
+        self.show_logprobs = request.logprobs is not None     # not when asked only to rank best_of
+        # request id -> text_offset of its next token: the echo, then the output's token texts summed
+        # (as in the non-streamed body, whatever the detokenizer holds back)
+        self.sent: dict[str, int] = {}
 
     def full_choice(self, finished: Finished) -> dict:
-        logprobs = None if finished.logprobs is None else self.formatter.completion(finished.logprobs, len(self.echo))
+        logprobs = None
+        if finished.logprobs is not None and self.show_logprobs:
+            logprobs = self.formatter.completion(finished.logprobs, len(self.echo),
+                                                 self._prompt(finished.output, finished.prompt_logprobs))
         return {"text": self.echo + finished.output.text, "logprobs": logprobs,
                 "finish_reason": finished.output.finish_reason}
 
     def delta_choice(self, output: RequestOutput) -> dict | None:
-        if not (output.new_text or output.finished or output.new_logprobs):
+        if not (output.new_text or output.finished or output.new_logprobs or output.prompt_logprobs):
             return None
         first = output.request_id not in self.sent
         offset = self.sent.setdefault(output.request_id, len(self.echo))
         text = (self.echo if first else "") + output.new_text
-        self.sent[output.request_id] = offset + len(output.new_text)
-        logprobs = None if output.new_logprobs is None else self.formatter.completion(output.new_logprobs, offset)
+        self.sent[output.request_id] = offset + sum(len(self.formatter.token(t)) for t in output.new_token_ids)
+        logprobs = None if output.new_logprobs is None else self.formatter.completion(
+            output.new_logprobs, offset, self._prompt(output, output.prompt_logprobs))
         return {"text": text, "logprobs": logprobs}
+
+    def _prompt(self, output: RequestOutput, prompt_logprobs) -> tuple | None:
+        return None if prompt_logprobs is None else (output.prompt_token_ids, prompt_logprobs)
 
 
 class ChatResponder(Responder):
