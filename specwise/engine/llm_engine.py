@@ -79,14 +79,17 @@ class LLMEngine:
         return self.add_prepared(self.prepare(prompt), params, request_id)
 
     def add_prepared(self, token_ids: list[int], params: SamplingParams | None = None,
-                     request_id: str | None = None) -> str:
-        """Add a prompt that `prepare` has already tokenized and checked."""
+                     request_id: str | None = None, tenant: str | None = None) -> str:
+        """Add a prompt that `prepare` has already tokenized and checked. `tenant` keeps drafters
+        that learn across requests (suffix's global cache) from drafting one tenant's text for
+        another; None is the one default tenant."""
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise InputError(f"request id {request_id!r} is already in flight")
         self.check_params(params)
         seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63))
+        seq.tenant = tenant
         self.runner.processing.add(seq)
         self.requests[request_id] = seq
         self.outputs.add(seq)

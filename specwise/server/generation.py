@@ -36,7 +36,7 @@ class Serving:
         self.metrics = ServerMetrics(self.engine, lambda: self.admitted)
 
     async def start(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None,
-                    tools: list[dict] | None = None) -> "list[Job]":
+                    tools: list[dict] | None = None, tenant: str | None = None) -> "list[Job]":
         token_ids = self.encode(prompt, param, tools)
         max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
         params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_candidates)]
@@ -48,7 +48,7 @@ class Serving:
             raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry later",
                            code="queue_full")
         # the prompt is counted once per request (as vLLM), however many choices share it
-        return [Job(self, token_ids, choice_params, count_prompt=index == 0)
+        return [Job(self, token_ids, choice_params, count_prompt=index == 0, tenant=tenant)
                 for index, choice_params in enumerate(params)]
 
     def encode(self, prompt: Prompt, param: str, tools: list[dict] | None = None) -> list[int]:
@@ -94,12 +94,13 @@ def grammar_param(request: GenerationRequest, params: SamplingParams) -> str | N
 
 
 class Job:
-    def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams, count_prompt: bool = True):
+    def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams, count_prompt: bool = True,
+                 tenant: str | None = None):
         self.serving = serving
         self.request_id = uuid.uuid4().hex
         self.speculative = serving.engine.proposer is not None and params.speculative
         self.tracker = serving.metrics.track(len(token_ids) if count_prompt else 0)
-        self.outputs = serving.async_engine.generate(token_ids, params, self.request_id)
+        self.outputs = serving.async_engine.generate(token_ids, params, self.request_id, tenant)
         self.refused = False
         self.closed = False
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
