@@ -88,9 +88,18 @@ def test_prompt_logprobs_equal_a_full_forward(models, expected, config, speculat
         engine = LLMEngine(EngineConfig(**{**ENGINE, **overrides}), models[0])
     else:
         engine = make_engine(models, speculative, 3, **overrides)
+    preempted = []
+    preempt = engine.scheduler.preempt
+
+    def noting(seq):
+        preempted.append((seq.request_id, seq.num_output_tokens))
+        preempt(seq)
+    engine.scheduler.preempt = noting
     check(expected, run(engine, arrivals(ask=[0, 2, 3, 5])))
     if speculative is not None:
         assert engine.stats.accepted_tokens > 0
+    if config == "preempting":        # a request that asked was preempted before its first output
+        assert any(request_id.startswith("p") and not num_output for request_id, num_output in preempted)
 
 
 def test_preempted_mid_prefill_keeps_what_it_held(models, expected):  # noqa: F811

@@ -109,7 +109,11 @@ def test_chat_parameter_streamed_with_continuous_usage(client, name):
         for choice in chunk["choices"]:
             delta = choice["delta"]
             texts[choice["index"]] += delta.get("content") or ""
-            calls[choice["index"]] += delta.get("tool_calls") or []
+            for call in delta.get("tool_calls") or []:       # a call's first delta, then argument fragments
+                if call["index"] == len(calls[choice["index"]]):
+                    calls[choice["index"]].append(call)
+                else:
+                    calls[choice["index"]][call["index"]]["function"]["arguments"] += call["function"]["arguments"]
             finish[choice["index"]] = choice["finish_reason"] or finish[choice["index"]]
             logprobs[choice["index"]] += (choice.get("logprobs") or {}).get("content") or []
     choices = [{"message": {"content": text, "tool_calls": call or None}, "finish_reason": reason,

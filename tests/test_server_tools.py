@@ -1,4 +1,5 @@
-"""tool_choice "auto" on a model whose chat template knows no tools (the tiny model's, and SmolLM2's).
+"""Tools: tool_choice "auto" on a model whose chat template knows no tools (the tiny model's, and
+SmolLM2's), and tool calls streamed as OpenAI streams them.
 
   - the tools go into the system prompt in the documented format; assistant tool calls and tool
     results become text (tool_prompt.py); a template that reads `tools` renders them itself;
@@ -6,7 +7,11 @@
     an unclosed last one, a fenced or bare JSON object naming a tool), else it stays plain text;
   - over HTTP, with the output forced through guided_regex: tool_calls and finish_reason
     "tool_calls", streamed and not; plain text otherwise;
-  - the default model (integration) does the same through its real tokenizer.
+  - the default model (integration) does the same through its real tokenizer;
+  - required / named tool calls stream incrementally: a call's first delta carries its id, type and
+    name, then argument fragments; the openai client's stream accumulation gives the calls of the
+    non-streamed answer (the same arguments text), and a required output cut anywhere reads as
+    calls whose arguments are prefixes of the final ones.
 """
 
 import json
@@ -20,6 +25,7 @@ from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.server import tool_prompt
 from specwise.server.config import ServerConfig
+from specwise.server.tool_stream import ToolCallStream, scan_calls
 from specwise.server.tools import resolve
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city", "parameters": {
@@ -160,3 +166,62 @@ def test_default_model_calls_a_tool_in_the_documented_format():
             assert free["message"]["content"] and free["finish_reason"] in ("stop", "length")
     finally:
         running.stop()
+
+
+REQUIRED_OUTPUTS = [
+    '[{"name": "weather", "parameters": {"city": "Pa\\"ris}"}}, {"name": "time", "parameters": {"zone": "UTC"}}]',
+    '[\n  {\n    "parameters": {"n": 12, "ok": true, "xs": [1, {"a": null}]},\n    "name": "weather"\n  }\n]',
+    '[{"name": "time", "parameters": 7}]',
+]
+
+
+@pytest.mark.parametrize("text", REQUIRED_OUTPUTS)
+def test_required_output_cut_anywhere_reads_as_growing_calls(text):
+    final, closed = scan_calls(text)
+    assert closed and all(call.done for call in final)
+    expected = [(call["name"], json.dumps(call["parameters"])) for call in json.loads(text)]
+    assert [(call.name, json.dumps(json.loads(call.arguments))) for call in final] == expected
+    stream, fragments = ToolCallStream(None), {}
+    for end in range(len(text) + 1):
+        calls, closed = scan_calls(text[:end])
+        assert closed == (end == len(text))
+        for call, done in zip(calls, final):
+            assert done.arguments.startswith(call.arguments) and call.name in (None, done.name)
+        for delta in stream.feed(text[end - 1:end] if end else ""):      # one character per step
+            entry = fragments.setdefault(delta["index"], {"name": None, "arguments": ""})
+            entry["name"] = delta["function"].get("name") or entry["name"]
+            entry["arguments"] += delta["function"]["arguments"]
+    assert [(entry["name"], entry["arguments"]) for _, entry in sorted(fragments.items())] == \
+        [(call.name, call.arguments) for call in final]
+    calls, content = resolve(TOOLS, "required", None).calls(text)
+    assert [call["function"]["arguments"] for call in calls] == [call.arguments for call in final] and content is None
+
+
+BOUNDED_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer",
+                                                                                        "minimum": 1, "maximum": 9}},
+    "required": ["city", "days"], "additionalProperties": False}}},
+                 {"type": "function", "function": {"name": "time", "parameters": {
+                     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+                     "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "time"}}])
+def test_streamed_tool_calls_arrive_in_fragments_and_add_up(server, tool_choice):
+    client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=120)
+    kwargs = dict(model=MODEL, messages=ASK, tools=BOUNDED_TOOLS, tool_choice=tool_choice, max_tokens=200,
+                  temperature=0, parallel_tool_calls=False)     # a random model would not stop adding calls
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    with client.chat.completions.stream(**kwargs) as stream:
+        events = list(stream)
+        final = stream.get_final_completion().choices[0]
+    assert whole.finish_reason == final.finish_reason == "tool_calls"
+    assert [(call.function.name, call.function.arguments) for call in final.message.tool_calls] == \
+        [(call.function.name, call.function.arguments) for call in whole.message.tool_calls]
+    assert all(call.id.startswith("call_") and call.type == "function" for call in final.message.tool_calls)
+    fragments = [event for event in events if event.type == "tool_calls.function.arguments.delta"]
+    assert len(fragments) > len(final.message.tool_calls), "arguments arrive in several fragments"
+    for call in final.message.tool_calls:
+        json.loads(call.function.arguments)
+    if isinstance(tool_choice, dict):
+        assert [call.function.name for call in final.message.tool_calls] == ["time"]

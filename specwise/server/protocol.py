@@ -33,7 +33,8 @@ StopString = Annotated[str, Field(min_length=1)]
 # parameter -> why it is refused (a 400 when given with anything but a neutral value)
 UNSUPPORTED = {"suffix": "suffix (insertion) is not supported", "functions": "use tools instead of functions",
                "function_call": "use tool_choice instead of function_call",
-               "prompt_logprobs": "use echo with logprobs on /v1/completions for prompt logprobs", "audio": "audio output is not supported",
+               "prompt_logprobs": "use echo with logprobs on /v1/completions for prompt logprobs",
+               "audio": "audio output is not supported",
                "prediction": "predicted outputs are not supported",
                "web_search_options": "web search is not supported"}
 NEUTRAL = (None, "", [], {}, False)

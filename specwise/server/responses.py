@@ -12,8 +12,10 @@ Every answer carries a `specwise` object with the request's acceptance figures (
 definitions of `specwise.engine.spec_decode.metrics`): in the body of a non-streamed answer,
 and in the stream chunk that carries a choice's finish_reason.
 
-Chat requests with tools (tool_choice auto / required / named) stream their message whole,
-in the chunk that finishes it: whether the output is text or tool calls is known only then.
+Chat requests with tool_choice "required" or named stream their tool calls as OpenAI does (a
+call's first delta has its id, type and name, then argument fragments: tool_stream.py); with
+"auto" the message comes whole, in the chunk that finishes it: whether the output is text or
+tool calls is known only then.
 """
 
 import time
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.engine.spec_decode.metrics import SpecStats
 from specwise.server.logprobs import LogprobFormatter
+from specwise.server.tool_stream import ToolCallStream
 from specwise.server.tools import ToolChoice
 
 
@@ -157,7 +160,8 @@ class ChatResponder(Responder):
         tools: ToolChoice | None = request.tool_choice_info()
         self.tools = tools if tools is not None and tools.mode != "none" else None
         self.wants_logprobs = request.requested_logprobs() is not None
-        self.held: dict[str, list[TokenLogprob]] = {}     # request id -> logprobs held with the message
+        self.held: dict[str, list[TokenLogprob]] = {}     # request id -> logprobs held for the next chunk
+        self.streams: dict[str, ToolCallStream] = {}      # request id -> its streamed tool calls
 
     def message(self, text: str) -> tuple[dict, bool]:
         """(the assistant message, whether it holds tool calls)."""
@@ -170,10 +174,16 @@ class ChatResponder(Responder):
         message, called = self.message(finished.output.text)
         logprobs = None if finished.logprobs is None else self.formatter.chat(finished.logprobs)
         return {"message": message, "logprobs": logprobs,
-                "finish_reason": "tool_calls" if called else finished.output.finish_reason}
+                "finish_reason": self._finish_reason(finished.output, called)}
 
     def finish_reason(self, output: RequestOutput) -> str | None:
-        return "tool_calls" if self.tools is not None and self.message(output.text)[1] else output.finish_reason
+        return self._finish_reason(output, self.tools is not None and self.message(output.text)[1])
+
+    @staticmethod
+    def _finish_reason(output: RequestOutput, called: bool) -> str | None:
+        """"tool_calls" for a message with calls, unless max_tokens cut it ("length": a named call's
+        arguments may then be cut too)."""
+        return "tool_calls" if called and output.finish_reason != "length" else output.finish_reason
 
     def opening_chunks(self, num_choices: int, prompt_tokens: int) -> list[dict]:
         chunks = []
@@ -187,6 +197,8 @@ class ChatResponder(Responder):
         return chunks
 
     def delta_choice(self, output: RequestOutput) -> dict | None:
+        if self.tools is not None and self.tools.mode in ("required", "named"):
+            return self._call_deltas(output)
         if self.tools is not None:                  # the whole message, once finished
             if output.new_logprobs:
                 self.held.setdefault(output.request_id, []).extend(output.new_logprobs)
@@ -202,3 +214,20 @@ class ChatResponder(Responder):
         logprobs = None if output.new_logprobs is None else self.formatter.chat(output.new_logprobs)
         return {"delta": {"content": output.new_text} if output.new_text or not output.finished else {},
                 "logprobs": logprobs}
+
+    def _call_deltas(self, output: RequestOutput) -> dict | None:
+        """Tool call deltas as the grammar-forced output grows; logprobs ride with the next chunk."""
+        named = self.tools.name if self.tools.mode == "named" else None
+        stream = self.streams.setdefault(output.request_id, ToolCallStream(named))
+        if output.new_logprobs:
+            self.held.setdefault(output.request_id, []).extend(output.new_logprobs)
+        deltas = stream.feed(output.new_text)
+        delta = {"tool_calls": deltas} if deltas else {}
+        if output.finished:
+            self.streams.pop(output.request_id)
+            if not stream.started and stream.text:       # cut before a call was named: the text, as unstreamed
+                delta = {"content": stream.text}
+        elif not deltas:
+            return None
+        held = self.held.pop(output.request_id, None)
+        return {"delta": delta, "logprobs": self.formatter.chat(held) if held and self.wants_logprobs else None}

@@ -16,6 +16,8 @@
 
 A message with tool calls has finish_reason "tool_calls" and each call is
 {"id": "call_...", "type": "function", "function": {"name": N, "arguments": "<JSON text>"}}.
+Streamed, required and named calls go out as deltas while the output grows (tool_stream.py);
+"auto" sends its message whole in the last chunk (text or calls is known only at the end).
 """
 
 import json
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 from specwise.sampling_params import StructuredOutput
 from specwise.server.errors import APIError
+from specwise.server.tool_stream import scan_calls
 
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)   # the last may be open
 FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
@@ -58,10 +61,10 @@ class ToolChoice:
         if self.mode == "named":
             return [tool_call(self.name, text)], None
         if self.mode == "required":
-            try:
-                return [tool_call(call["name"], json.dumps(call["parameters"])) for call in json.loads(text)], None
-            except (json.JSONDecodeError, KeyError, TypeError):
-                return None, text            # cut short (max_tokens): hand back the text
+            calls, closed = scan_calls(text)    # arguments: the raw text, as streamed (tool_stream.py)
+            if not closed or not calls or not all(call.done and call.name for call in calls):
+                return None, text               # cut short (max_tokens): hand back the text
+            return [tool_call(call.name, call.arguments) for call in calls], None
         if self.mode == "auto":
             return self._auto(text)
         return None, text
@@ -80,7 +83,8 @@ class ToolChoice:
                 if not isinstance(call, dict) or call.get("name") not in self.functions:
                     return None, text
                 arguments = call.get("arguments", call.get("parameters", {}))
-                calls.append(tool_call(call["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)))
+                calls.append(tool_call(call["name"],
+                                       arguments if isinstance(arguments, str) else json.dumps(arguments)))
         if not calls:
             return None, text
         content = TOOL_CALL_BLOCK.sub("", text).strip() if blocks else ""
