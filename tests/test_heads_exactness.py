@@ -238,13 +238,14 @@ def real_texts(real_llm, real_reference):
 
 @pytest.fixture(scope="module")
 def real_drafters(real_llm, real_texts, tmp_path_factory):
-    """--speculative texts on the default model: heads fitted for a few steps on its own text, and a draft
-    model of its first layers."""
+    """--speculative texts on the default model: heads fitted for a few steps on its own text for two of the
+    prompts, and a draft model of its first layers."""
     root = tmp_path_factory.mktemp("real_drafters")
     checkpoint = load_checkpoint(None)
     model = real_llm.engine.model
-    eagle = fitted_head_dir(root / "eagle", "eagle", checkpoint, model, real_texts, steps=24)
-    medusa = fitted_head_dir(root / "medusa", "medusa", checkpoint, model, real_texts, steps=24,
+    seen = real_texts[:2]                        # the third prompt's text is new to the heads: rejections
+    eagle = fitted_head_dir(root / "eagle", "eagle", checkpoint, model, seen, steps=80)
+    medusa = fitted_head_dir(root / "medusa", "medusa", checkpoint, model, seen, steps=24,
                              num_heads=REAL_MEDUSA_HEADS)
     draft = write_first_layers_draft(checkpoint, REAL_DRAFT_LAYERS, root / "draft")
     return {"eagle": f"eagle:{eagle}", "medusa": f"medusa:{medusa}", "draft": f"draft:{draft}"}
