@@ -18,6 +18,7 @@ draft:DIR with a draft model made of the target's first layers.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -203,14 +204,15 @@ def test_the_built_in_head_is_the_one_trained_for_the_target(models, tmp_path, m
     (other / "b-broken").mkdir()
     (other / "b-broken" / "drafter.json").write_text("{not json")
     heads = tmp_path / "heads"
-    heads.mkdir()
-    (heads / "tiny-eagle").symlink_to(eagle_dir)
+    (heads / "tiny").mkdir(parents=True)
+    shutil.copytree(eagle_dir, heads / "tiny" / "eagle")           # heads/<model>/<kind>/, as shipped
     assert find_builtin_head("eagle", target.config, target.tokenizer, [other]) is None
-    assert find_builtin_head("eagle", target.config, target.tokenizer, [other, heads]) == heads / "tiny-eagle"
+    found = heads / "tiny" / "eagle"
+    assert find_builtin_head("eagle", target.config, target.tokenizer, [other, heads]) == found
     assert find_builtin_head("medusa", target.config, target.tokenizer, [other, heads]) is None
     monkeypatch.setenv(HEADS_PATH_VARIABLE, str(heads))
     engine = LLMEngine(EngineConfig(speculative="eagle", num_speculative_tokens=3, **ENGINE), target)
-    assert engine.proposer.directory == heads / "tiny-eagle"
+    assert engine.proposer.directory == found
 
 
 def test_no_built_in_head_for_the_target_says_how_to_train_one(models, monkeypatch, tmp_path):

@@ -1,11 +1,12 @@
 """Drafting heads shipped with the package: which one fits the loaded target.
 
-`--speculative eagle` (no directory) drafts with a head from specwise/models/heads/<name>/
-(package data: drafter.json + model.safetensors + README.md, as drafter_checkpoint.py
-writes them) whose kind is eagle and whose drafter.json "target" signature (shapes and
-tokenizer fingerprint) is the loaded target's. Directories named in $SPECWISE_HEADS_PATH
-(separated like PATH, each holding such <name>/ folders) are searched first, so a site
-can add heads for its own models without a path on every command.
+`--speculative eagle` (no directory) drafts with a head from a folder under
+specwise/models/heads/ (package data, e.g. heads/smollm2-135m-instruct/eagle/: drafter.json +
+model.safetensors + README.md, as drafter_checkpoint.py writes them) whose kind is eagle and
+whose drafter.json "target" signature (shapes and tokenizer fingerprint) is the loaded
+target's. Directories named in $SPECWISE_HEADS_PATH (separated like PATH, each holding such
+folders at any depth) are searched first, so a site can add heads for its own models without
+a path on every command.
 """
 
 import os
@@ -28,13 +29,13 @@ def search_roots() -> list[Path]:
 
 def find_builtin_head(kind: str, target: ModelConfig, tokenizer: Tokenizer,
                       roots: list[Path] | None = None) -> Path | None:
-    """The first <root>/<name>/ (roots in order, names sorted) holding a `kind` head trained for this
-    target, or None. Folders that are not readable drafter directories are passed over."""
+    """The first folder under a root (roots in order, paths sorted) holding a `kind` head trained for
+    this target, or None. Folders that are not readable drafter directories are passed over."""
     signature = target_signature(target, tokenizer)
     for root in search_roots() if roots is None else roots:
         if not root.is_dir():
             continue
-        for directory in sorted(path for path in root.iterdir() if (path / CONFIG_FILE).is_file()):
+        for directory in sorted(config.parent for config in root.rglob(CONFIG_FILE)):
             try:
                 drafter = read_drafter_config(directory)
             except ModelLoadError:
