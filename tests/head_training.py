@@ -97,9 +97,9 @@ def fit_head(kind: str, model: LlamaForCausalLM, texts: list[list[int]], steps: 
 
 
 def fitted_head_dir(directory: Path, kind: str, checkpoint, model: LlamaForCausalLM, texts: list[list[int]],
-                    steps: int, num_heads: int = 0) -> Path:
-    """fit_head, saved as a drafter directory for this target."""
+                    steps: int, num_heads: int = 0, draft_vocab: list[int] | None = None) -> Path:
+    """fit_head, saved as a drafter directory for this target (drafting from draft_vocab only, if given)."""
     head = fit_head(kind, model, texts, steps, num_heads)
     drafter = DrafterConfig(kind, target_signature(checkpoint.config, checkpoint.tokenizer), num_heads,
-                            training={"steps": steps, "note": "test fixture"})
+                            training={"steps": steps, "note": "test fixture"}, draft_vocab=draft_vocab)
     return save_drafter(directory, head, drafter)

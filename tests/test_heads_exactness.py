@@ -28,10 +28,14 @@ from draft_dirs import write_first_layers_draft
 from head_training import features_of, fitted_head_dir, greedy_texts
 from specwise.config import MAX_SPECULATIVE_TOKENS, EngineConfig
 from specwise.engine.llm_engine import LLMEngine
+from specwise.engine.model_runner import ModelRunner
 from specwise.engine.spec_decode.config import SpeculativeConfig
-from specwise.errors import ConfigError
+from specwise.engine.spec_decode.context import ProposerContext
+from specwise.engine.spec_decode.heads import OUTSIDE_MARGIN, DraftLMHead
+from specwise.errors import ConfigError, ModelLoadError
 from specwise.models.builtin_heads import HEADS_PATH_VARIABLE, find_builtin_head
 from specwise.models.loader import build_model, load_checkpoint
+from tiny_models import tiny_checkpoint
 from test_spec_exactness import (BATCH_ONE_PROMPTS, ENGINE, PROMPTS, REAL_PARAMS, REAL_PROMPTS,  # noqa: F401
                                  TARGET_LAYERS, check_all_free, check_counters, continuous_batch, expected_output,
                                  greedy, real_llm, real_reference, references, run, write_tiny_model)
@@ -56,7 +60,15 @@ def models(tmp_path_factory):
     texts = greedy_texts(model, [target.tokenizer.encode(text) for text, _ in PROMPTS[::2]], max_tokens=40)
     eagle = fitted_head_dir(root / "eagle", "eagle", target, model, texts, steps=100)
     medusa = fitted_head_dir(root / "medusa", "medusa", target, model, texts, steps=300, num_heads=MEDUSA_HEADS)
-    return target, {"eagle": f"eagle:{eagle}", "medusa": f"medusa:{medusa}", "ngram": "ngram"}
+    # the same EAGLE head drafting only from the tokens its texts hold (as a trainer would list them), and
+    # from tokens the target never says there: every draft rejected, the output still the target's
+    seen = sorted({token for text in texts for token in text})
+    unseen = sorted(set(range(target.config.vocab_size)) - {token for output in texts for token in output})[:50]
+    eagle_vocab = fitted_head_dir(root / "eagle_vocab", "eagle", target, model, texts, steps=100, draft_vocab=seen)
+    eagle_unseen = fitted_head_dir(root / "eagle_unseen", "eagle", target, model, texts, steps=100,
+                                   draft_vocab=unseen)
+    return target, {"eagle": f"eagle:{eagle}", "medusa": f"medusa:{medusa}", "ngram": "ngram",
+                    "eagle_vocab": f"eagle:{eagle_vocab}", "eagle_unseen": f"eagle:{eagle_unseen}"}
 
 
 def make_engine(models, drafter: str, k: int, **overrides) -> LLMEngine:
@@ -129,6 +141,35 @@ def test_k_changing_from_step_to_step_keeps_output_exact(models, references, dra
         assert outputs[request_id][-1].output_token_ids == expected_output(references, request_id), request_id
     check_drafted(engine)
     check_counters(engine, outputs)
+
+
+def test_a_draft_vocabulary_keeps_output_exact_and_drafts_only_from_it(models, references):
+    engine = make_engine(models, "eagle_vocab", 3)
+    drafted = set()
+    propose = engine.proposer.propose
+
+    def recording_propose(seqs, num_draft_tokens):
+        proposal = propose(seqs, num_draft_tokens)
+        drafted.update(token for row in proposal.draft_token_ids for token in row)
+        return proposal
+
+    engine.proposer.propose = recording_propose
+    arrivals = continuous_batch(references)
+    outputs = run(engine, arrivals)
+    for _, request_id, _, _ in arrivals:
+        assert outputs[request_id][-1].output_token_ids == expected_output(references, request_id), request_id
+    check_drafted(engine)
+    check_counters(engine, outputs)
+    vocab = set(engine.proposer.lm_head.draft_vocab.tolist())
+    assert drafted and drafted <= vocab and len(vocab) < engine.model.config.vocab_size
+
+
+def test_a_draft_vocabulary_the_target_never_uses_is_rejected_every_time_yet_exact(models, references):
+    engine = make_engine(models, "eagle_unseen", 3)
+    outputs = run(engine, continuous_batch(references))
+    for request_id, steps in outputs.items():
+        assert steps[-1].output_token_ids == expected_output(references, request_id), request_id
+    assert engine.stats.draft_tokens > 0 and engine.stats.accepted_tokens == 0
 
 
 def test_switching_drafters_drops_the_previous_feature_observer(models, references):
@@ -267,3 +308,42 @@ def test_greedy_exact_on_the_default_model(real_llm, real_reference, real_drafte
     print(f"\n[{drafter} k={k}] accepted {accepted} of {drafted} drafts")
     assert 0 < accepted < drafted
     check_all_free(engine)
+
+
+# --------------------------------------------------------------------------- the draft vocabulary's LM head
+
+
+@pytest.mark.parametrize("dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int8")])
+def test_the_draft_vocabulary_head_gives_the_targets_logits_there_and_a_finite_floor_elsewhere(dtype, quantization):
+    """The rows copied from the target's LM head (plain, packed or int8: read through the module itself)
+    give its logits at the draft vocabulary; every other token sits OUTSIDE_MARGIN below their lowest."""
+    checkpoint = tiny_checkpoint()                              # untied LM head: no embedding to read it from
+    model = build_model(checkpoint, getattr(torch, dtype), "cpu", 64, quantization)
+    runner = ModelRunner(model, 4, 4, getattr(torch, dtype))
+    context = ProposerContext(runner, checkpoint.tokenizer, getattr(torch, dtype), "cpu", 64)
+    vocab = [3, 7, 100, 257]
+    features = torch.randn(5, checkpoint.config.hidden_size).to(getattr(torch, dtype))
+    with torch.inference_mode():
+        full = model.compute_logits(features)                                           # [5, vocab]
+        logits = DraftLMHead(model, vocab, context)(features)
+    tolerance = 1e-5 if dtype == "float32" else 0.05 * full.abs().max().item()
+    torch.testing.assert_close(logits[:, vocab], full[:, vocab], rtol=0, atol=tolerance)
+    outside = torch.ones(logits.shape[1], dtype=torch.bool)
+    outside[vocab] = False
+    floor = logits[:, vocab].amin(dim=1) - OUTSIDE_MARGIN
+    assert torch.equal(logits[:, outside], floor.unsqueeze(1).expand(5, int(outside.sum())))
+    masked = logits.clone()
+    masked[:, vocab] = float("-inf")                            # a grammar that allows none of them
+    assert torch.isfinite(torch.softmax(masked, dim=-1)).all()
+
+
+def test_a_draft_vocabulary_outside_the_target_is_a_load_error(models, tmp_path):
+    target, speculative = models
+    directory = Path(speculative["eagle"].partition(":")[2])
+    config = json.loads((directory / "drafter.json").read_text())
+    config["draft_vocab"] = [1, target.config.vocab_size]
+    copy = tmp_path / "eagle"
+    shutil.copytree(directory, copy)
+    (copy / "drafter.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=f"draft_vocab holds token id {target.config.vocab_size}, outside"):
+        LLMEngine(EngineConfig(speculative=f"eagle:{copy}", **ENGINE), target)

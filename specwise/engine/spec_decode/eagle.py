@@ -19,7 +19,8 @@ hold the predicted pairs and rollback is bookkeeping, as for the target.
 
 Draft tokens are sampled from the request's processed distribution of lm_head(f̂)
 (draft_sampler.py). The embedding and the LM head are the target model's own modules (also
-when quantized); the head runs in the target's compute dtype.
+when quantized; the LM head restricted to the head's draft vocabulary if it has one, see
+heads.py); the head runs in the target's compute dtype.
 """
 
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ import torch
 
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.draft_sampler import DraftSampler
-from specwise.engine.spec_decode.heads import load_head
+from specwise.engine.spec_decode.heads import DraftLMHead, load_head
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
 
@@ -67,7 +68,8 @@ class EagleProposer:
         self.runner = target
         self.model = target.model                      # its embedding and LM head draft too
         # directory None: the built-in head for this target
-        self.directory, _, self.head = load_head("eagle", directory, context)
+        self.directory, drafter, self.head = load_head("eagle", directory, context)
+        self.lm_head = DraftLMHead(self.model, drafter.draft_vocab, context)
         config = self.model.config
         shape = (2, config.num_key_value_heads, target.num_blocks * target.block_size, config.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=context.dtype, device=context.device)
@@ -102,7 +104,7 @@ class EagleProposer:
         predicted = self._pairs(seqs, rows, starts, torch.cat(features), next_tokens)   # [len(rows), hidden]
         active = rows
         while True:
-            logits = self.model.compute_logits(predicted)                               # [len(active), vocab]
+            logits = self.lm_head(predicted)                                            # [len(active), vocab]
             probs, tokens = self.sampler.sample(logits, [seqs[row] for row in active],
                                                 [draft_ids[row] for row in active])
             for row, row_probs, token in zip(active, probs, tokens):

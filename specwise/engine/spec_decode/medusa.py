@@ -18,7 +18,7 @@ import torch
 from specwise.config import MAX_SPECULATIVE_TOKENS
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.draft_sampler import DraftSampler
-from specwise.engine.spec_decode.heads import load_head
+from specwise.engine.spec_decode.heads import DraftLMHead, load_head
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
 from specwise.errors import ConfigError
@@ -26,9 +26,10 @@ from specwise.errors import ConfigError
 
 class MedusaProposer:
     def __init__(self, context: ProposerContext, directory: str | None, num_speculative_tokens: int):
-        self.model = context.runner.model              # its LM head drafts
+        self.model = context.runner.model              # its LM head drafts (heads.py)
         # directory None: the built-in heads for this target
-        self.directory, _, self.heads = load_head("medusa", directory, context)
+        self.directory, drafter, self.heads = load_head("medusa", directory, context)
+        self.lm_head = DraftLMHead(self.model, drafter.draft_vocab, context)
         if num_speculative_tokens > self.heads.num_heads:
             raise ConfigError(f"{self.directory}: these medusa heads draft at most {self.heads.num_heads} tokens, "
                               f"so k (--num-speculative-tokens) must be <= {self.heads.num_heads}, got "
@@ -55,7 +56,7 @@ class MedusaProposer:
         features = torch.stack([self._emitting_feature(seqs[row]) for row in rows])    # [len(rows), hidden]
         width = max(num_draft_tokens[row] for row in rows)
         predicted = self.heads(features)[:, :width]                                     # [len(rows), width, hidden]
-        logits = self.model.compute_logits(predicted.reshape(-1, predicted.shape[-1]))
+        logits = self.lm_head(predicted.reshape(-1, predicted.shape[-1]))
         logits = logits.view(len(rows), width, -1)                                      # [len(rows), width, vocab]
         for position in range(width):
             active = [index for index, row in enumerate(rows) if num_draft_tokens[row] > position]
