@@ -26,6 +26,8 @@ import torch
 
 from draft_dirs import write_first_layers_draft
 from head_training import features_of, fitted_head_dir, greedy_texts
+from specwise.bench.load.arms import parse_methods
+from specwise.cli import main
 from specwise.config import MAX_SPECULATIVE_TOKENS, EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.engine.model_runner import ModelRunner
@@ -347,3 +349,37 @@ def test_a_draft_vocabulary_outside_the_target_is_a_load_error(models, tmp_path)
     (copy / "drafter.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match=f"draft_vocab holds token id {target.config.vocab_size}, outside"):
         LLMEngine(EngineConfig(speculative=f"eagle:{copy}", **ENGINE), target)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def test_generate_drafts_with_a_head_and_refuses_bad_ones_in_one_line(models, capsys, tmp_path, monkeypatch):
+    target, speculative = models
+    small = ["--model", str(target.path), "--prompt", PROMPTS[0][0], "--max-tokens", "16", "--temperature", "0",
+             "--num-kv-blocks", "64", "--max-model-len", "96", "--dtype", "float32"]
+    assert main(["generate", *small, "--speculative", speculative["eagle"], "--num-speculative-tokens", "3"]) == 0
+    assert "acceptance" in capsys.readouterr().err
+    monkeypatch.setenv(HEADS_PATH_VARIABLE, str(tmp_path))
+    for argv, fragment in [(["--speculative", f"eagle:{tmp_path / 'none'}"], "no such drafter directory"),
+                           (["--speculative", speculative["medusa"], "--num-speculative-tokens", "6"],
+                            "draft at most 5 tokens"),
+                           (["--speculative", "eagle"], "no built-in eagle head for this target")]:
+        assert main(["generate", *small, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("specwise: error: ") and fragment in err, err
+
+
+def test_evaluate_methods_take_heads():
+    arms = parse_methods("off,eagle,medusa:/heads/m@3,eagle:/heads/e", 4)
+    assert [(arm.name, arm.method, arm.spec, arm.k) for arm in arms] == [
+        ("off", "off", None, 0), ("eagle-k4", "eagle", "eagle", 4), ("medusa-m-k3", "medusa", "medusa:/heads/m", 3),
+        ("eagle-e-k4", "eagle", "eagle:/heads/e", 4)]
+
+
+def test_eagle_drafts_for_an_int8_target_through_its_own_modules(models):
+    """A quantized target: the head reads the target's int8 LM head and embedding as they are (no copies)."""
+    engine = make_engine(models, "eagle", 3, dtype="bfloat16", quantization="int8")
+    outputs = run(engine, [(0, "r0", PROMPTS[0][0], greedy(PROMPTS[0][1]))])
+    assert len(outputs["r0"][-1].output_token_ids) == PROMPTS[0][1]
+    assert engine.stats.accepted_tokens > 0
