@@ -32,11 +32,14 @@ from specwise.config import MAX_SPECULATIVE_TOKENS, EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.engine.model_runner import ModelRunner
 from specwise.engine.spec_decode.config import SpeculativeConfig
+from specwise.engine.sequence import Sequence
 from specwise.engine.spec_decode.context import ProposerContext
+from specwise.engine.spec_decode.draft_sampler import DraftSampler
 from specwise.engine.spec_decode.heads import OUTSIDE_MARGIN, DraftLMHead
 from specwise.errors import ConfigError, ModelLoadError
 from specwise.models.builtin_heads import HEADS_PATH_VARIABLE, find_builtin_head
 from specwise.models.loader import build_model, load_checkpoint
+from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 from test_spec_exactness import (BATCH_ONE_PROMPTS, ENGINE, PROMPTS, REAL_PARAMS, REAL_PROMPTS,  # noqa: F401
                                  TARGET_LAYERS, check_all_free, check_counters, continuous_batch, expected_output,
@@ -383,3 +386,21 @@ def test_eagle_drafts_for_an_int8_target_through_its_own_modules(models):
     outputs = run(engine, [(0, "r0", PROMPTS[0][0], greedy(PROMPTS[0][1]))])
     assert len(outputs["r0"][-1].output_token_ids) == PROMPTS[0][1]
     assert engine.stats.accepted_tokens > 0
+
+
+def test_greedy_drafts_are_the_processed_argmax_with_one_hot_probabilities(models):
+    """All-greedy rows skip the softmax: the token is the argmax after penalties, its probabilities None
+    (one-hot); a sampled row in the batch gets its distribution."""
+    target, _ = models
+    engine = LLMEngine(EngineConfig(**ENGINE), target)
+    sampler = DraftSampler(engine.runner)
+    penalised = Sequence("p", [5, 9], SamplingParams(temperature=0, repetition_penalty=100.0))
+    sampled = Sequence("s", [5, 9], SamplingParams(temperature=1.0, seed=3))
+    for seq in (penalised, sampled):
+        engine.runner.processing.add(seq)
+    logits = torch.zeros(2, target.config.vocab_size)
+    logits[:, 9], logits[:, 4] = 2.0, 1.0                     # 9 wins unless the penalty pushes it down
+    probs, tokens = sampler.sample(logits[:1], [penalised], [[]])
+    assert probs == [None] and tokens == [4]
+    probs, tokens = sampler.sample(logits, [penalised, sampled], [[], []])
+    assert tokens[0] == 4 and probs[0][4] == 1.0 and probs[1].sum().item() == pytest.approx(1.0)

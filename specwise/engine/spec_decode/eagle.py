@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specwise.engine.spec_decode.context import ProposerContext
-from specwise.engine.spec_decode.draft_sampler import DraftSampler
+from specwise.engine.spec_decode.draft_sampler import DraftSampler, stack_draft_probs
 from specwise.engine.spec_decode.heads import DraftLMHead, load_head
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
@@ -117,7 +117,7 @@ class EagleProposer:
             # 2. the next round: pair (f̂, last draft) at the position before that draft's
             positions = [len(seqs[row]) + len(draft_ids[row]) - 2 for row in active]
             predicted = self._pairs(seqs, active, positions, predicted[keep], [[draft_ids[row][-1]] for row in active])
-        stacked = [torch.stack(row_probs) if row_probs else None for row_probs in draft_probs]   # [k_i, vocab] each
+        stacked = stack_draft_probs(draft_probs)   # [k_i, vocab] or None (one-hot) each
         return Proposal(draft_ids, stacked)
 
     def _pairs(self, seqs, rows: list[int], starts: list[int], features: torch.Tensor,

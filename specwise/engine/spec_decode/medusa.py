@@ -17,7 +17,7 @@ import torch
 
 from specwise.config import MAX_SPECULATIVE_TOKENS
 from specwise.engine.spec_decode.context import ProposerContext
-from specwise.engine.spec_decode.draft_sampler import DraftSampler
+from specwise.engine.spec_decode.draft_sampler import DraftSampler, stack_draft_probs
 from specwise.engine.spec_decode.heads import DraftLMHead, load_head
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
@@ -66,7 +66,7 @@ class MedusaProposer:
             for row, row_probs, token in zip(drafting, probs, tokens):
                 draft_ids[row].append(token)
                 draft_probs[row].append(row_probs)
-        stacked = [torch.stack(row_probs) if row_probs else None for row_probs in draft_probs]   # [k_i, vocab] each
+        stacked = stack_draft_probs(draft_probs)   # [k_i, vocab] or None (one-hot) each
         return Proposal(draft_ids, stacked)
 
     def _emitting_feature(self, seq) -> torch.Tensor:

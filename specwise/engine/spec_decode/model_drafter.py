@@ -12,7 +12,7 @@ rejection sampling applies and acceptance stays high under penalties and grammar
 import torch
 
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.spec_decode.draft_sampler import DraftSampler
+from specwise.engine.spec_decode.draft_sampler import DraftSampler, stack_draft_probs
 from specwise.engine.spec_decode.proposer import Proposal
 
 
@@ -42,7 +42,7 @@ class ModelDrafter:
                 starts[row] += len(inputs[row])
                 inputs[row] = [token]
             active = [row for row in active if len(draft_ids[row]) < num_draft_tokens[row]]
-        stacked = [torch.stack(rows) if rows else None for rows in draft_probs]   # [k_i, vocab] each
+        stacked = stack_draft_probs(draft_probs)   # [k_i, vocab] or None (one-hot) each
         return Proposal(draft_ids, stacked)
 
     def _next_logits(self, seqs, rows, inputs, starts) -> torch.Tensor:
