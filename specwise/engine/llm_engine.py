@@ -67,6 +67,7 @@ class LLMEngine:
         """Switch drafting method between requests (the evaluator runs every arm on one load)."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("change speculation only while no request is in flight")
+        self.runner.feature_observers = []          # the previous drafter's, if it read features
         context = ProposerContext(self.runner, self.tokenizer, self.dtype, self.config.device, self.max_model_len)
         self.proposer = build_proposer(SpeculativeConfig.parse(speculative, num_speculative_tokens), context)
         self.config.speculative, self.config.num_speculative_tokens = speculative, num_speculative_tokens

@@ -13,6 +13,7 @@ A preemption before the first output recomputes chunks whose positions are alrea
 """
 
 import itertools
+from typing import Callable
 
 import torch
 
@@ -23,6 +24,7 @@ from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, r
 from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
 from specwise.engine.spec_decode.proposer import Proposal
+from specwise.engine.step_features import StepFeatures
 from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk
 from specwise.models.llama import LlamaForCausalLM
 
@@ -52,6 +54,8 @@ class ModelRunner:
         self.step_logprobs: dict[int, list[TokenLogprob]] = {}
         # seq_id -> prompt token i's logprob so far (None for token 0), until the first output takes it
         self.prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
+        # drafters that read the target's features (step_features.py); empty: nothing is kept
+        self.feature_observers: list[Callable[[StepFeatures], None]] = []
 
     def blocks_for(self, num_slots: int) -> int:
         return -(-num_slots // self.block_size)
@@ -62,17 +66,30 @@ class ModelRunner:
         """Run the model over the runs token_ids[i] (at positions start_positions[i]...);
         returns logits of the last num_logits[i] positions of each run, flat and in order,
         [sum(num_logits), vocab_size] fp32."""
-        input_ids, positions, metadata = self._prepare(token_ids, start_positions, block_tables)
+        hidden = self.hidden_states(token_ids, start_positions, block_tables, num_layers)
+        return self.logits_at(hidden, [len(run) for run in token_ids], num_logits)
+
+    @torch.inference_mode()
+    def hidden_states(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
+                      num_layers: int | None = None) -> torch.Tensor:
+        """The final-normed hidden state (feature) of every fed token, [sum(len(run)), hidden]."""
+        input_ids, positions, metadata = self.prepare(token_ids, start_positions, block_tables)
         kv_caches = self.kv_caches if num_layers is None else self.kv_caches[:num_layers]
-        hidden = self.model(input_ids, positions, kv_caches, metadata, num_layers)   # [num_tokens, hidden]
-        ends = list(itertools.accumulate(len(run) for run in token_ids))
+        return self.model(input_ids, positions, kv_caches, metadata, num_layers)
+
+    @torch.inference_mode()
+    def logits_at(self, hidden: torch.Tensor, run_lengths: list[int], num_logits: list[int]) -> torch.Tensor:
+        """Logits of the last num_logits[i] rows of each run of `hidden`, [sum(num_logits), vocab] fp32."""
+        ends = list(itertools.accumulate(run_lengths))
         rows = [row for end, count in zip(ends, num_logits) for row in range(end - count, end)]
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]   # [sum(num_logits), hidden]
         return self.model.compute_logits(hidden)
 
-    def _prepare(self, token_ids, start_positions, block_tables):
-        """Flat index tensors of one step, built on the host (no size is read back from the device)."""
+    def prepare(self, token_ids, start_positions, block_tables):
+        """Flat index tensors of one step, built on the host (no size is read back from the device):
+        input_ids and positions [sum(len(run))] and the attention metadata. A drafter that runs its
+        own layers over this runner's block layout (eagle.py) builds its steps with it too."""
         offsets = torch.arange(self.block_size)
         new_slots, prefills, cached, row = [], [], {}, 0
         for run, start, table in zip(token_ids, start_positions, block_tables):
@@ -122,8 +139,14 @@ class ModelRunner:
         for index in emitting:
             num_logits[index] = 1 + len(draft_token_ids[index])
         prompt_rows = [self._prompt_rows(seq, count) for seq, count in zip(seqs, batch.num_new_tokens)]
-        logits = self.forward(token_ids, [seq.num_computed_tokens for seq in seqs], [seq.block_table for seq in seqs],
-                              [extra + count for extra, count in zip(prompt_rows, num_logits)])   # [rows, vocab]
+        starts = [seq.num_computed_tokens for seq in seqs]
+        hidden = self.hidden_states(token_ids, starts, [seq.block_table for seq in seqs])   # [rows, hidden]
+        if self.feature_observers:
+            features = StepFeatures(seqs, starts, [len(run) for run in token_ids], hidden)
+            for observe in self.feature_observers:
+                observe(features)
+        logits = self.logits_at(hidden, [len(run) for run in token_ids],
+                                [extra + count for extra, count in zip(prompt_rows, num_logits)])  # [rows, vocab]
         if any(prompt_rows):
             logits = self._take_prompt_logprobs(logits, seqs, prompt_rows, num_logits)    # [sum(num_logits), vocab]
         emitted = [[] for _ in seqs]

@@ -3,7 +3,8 @@
 
     DIR/drafter.json        {"format": "specwise-drafter", "version": 1, "kind": "eagle" | "medusa",
                              "num_heads": k (medusa), "target": {hidden_size, vocab_size, ...,
-                             "tokenizer_sha256"}, "training": {...free-form facts}}
+                             "tokenizer_sha256"}, "training": {...free-form facts},
+                             "draft_vocab": [token ids] or null (optional: the tokens it drafts)}
     DIR/model.safetensors   the head's parameters only (the target's embedding and LM head are reused)
     DIR/README.md           the model card (data, steps, wall time, held-out acceptance)
 
@@ -40,12 +41,20 @@ class DrafterConfig:
     target: dict                    # target_signature() of the model it was trained on
     num_heads: int = 0              # medusa: how many heads (the largest k it drafts)
     training: dict = field(default_factory=dict)
+    # token ids the head drafts from (e.g. every token the target chose in its training data), or None
+    # for the whole vocabulary: the engine then runs the LM head over these rows only, a fraction of
+    # its cost, and never drafts another token (lossless: the verifier samples those itself)
+    draft_vocab: list[int] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"drafter kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.kind == "medusa" and self.num_heads < 1:
             raise ValueError(f"a medusa drafter needs num_heads >= 1, got {self.num_heads}")
+        if self.draft_vocab is not None:
+            if not self.draft_vocab or not all(isinstance(token, int) and token >= 0 for token in self.draft_vocab):
+                raise ValueError("draft_vocab must be a non-empty list of token ids >= 0")
+            self.draft_vocab = sorted(set(self.draft_vocab))
 
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
@@ -97,7 +106,7 @@ def read_drafter_config(directory: str | Path) -> DrafterConfig:
         raise ModelLoadError(path, f"drafter format version {raw.get('version')!r}, this specwise reads {VERSION}")
     try:
         return DrafterConfig(kind=raw["kind"], target=dict(raw["target"]), num_heads=int(raw.get("num_heads", 0)),
-                             training=dict(raw.get("training", {})))
+                             training=dict(raw.get("training", {})), draft_vocab=raw.get("draft_vocab"))
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(path, f"bad drafter config: {e}") from None
 
@@ -110,6 +119,9 @@ def check_target(drafter: DrafterConfig, target: ModelConfig, tokenizer: Tokeniz
             what = "tokenizer (vocabulary fingerprint)" if name == "tokenizer_sha256" else name
             raise ModelLoadError(path, f"this {drafter.kind} drafter was trained for another target: its {what} "
                                        f"is {drafter.target.get(name)!r}, the target's is {expected[name]!r}")
+    if drafter.draft_vocab is not None and drafter.draft_vocab[-1] >= target.vocab_size:
+        raise ModelLoadError(path, f"draft_vocab holds token id {drafter.draft_vocab[-1]}, outside the target's "
+                                   f"vocabulary of {target.vocab_size}")
 
 
 def load_drafter(directory: str | Path, target: ModelConfig, tokenizer: Tokenizer, dtype: torch.dtype,

@@ -21,7 +21,7 @@ from specwise.monitor.estimate import Estimate, estimate_acceptance, expected_sp
 from specwise.monitor.logs import read_log
 from specwise.monitor.replay import NgramDrafter
 
-NOT_YET = {"suffix": "suffix-tree drafter", "eagle": "EAGLE heads"}
+NOT_YET = {"suffix": "the suffix-tree drafter", "eagle": "EAGLE heads", "medusa": "Medusa heads"}
 
 
 @dataclass
@@ -29,7 +29,7 @@ class EstimateConfig:
     log: str | None = field(default=None, metadata={
         "help": "JSONL log of prompts and completions (token ids, prompt/completion, or OpenAI request/response)"})
     method: str = field(default="ngram", metadata={
-        "help": "drafter: ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L (suffix, eagle:DIR: not available yet)"})
+        "help": "drafter: ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L (suffix, eagle, medusa: not available yet)"})
     k: int = field(default=4, metadata={"help": "draft tokens per step"})
     target: str | None = field(default=None, metadata={
         "help": "the target model (HF directory or GGUF): its tokenizer, and its layers for layer_skip "
@@ -53,8 +53,8 @@ class EstimateConfig:
             raise ConfigError(f"--k must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.k}")
         name = self.method.strip().lower().partition(":")[0]
         if name in NOT_YET:
-            raise ConfigError(f"{self.method}: not available yet: specwise's engine has no {NOT_YET[name]}, so "
-                              f"estimate cannot replay it; use ngram, draft:PATH or layer_skip:L")
+            raise ConfigError(f"{self.method}: not available yet: estimate cannot replay {NOT_YET[name]} over a "
+                              f"log; use ngram, draft:PATH or layer_skip:L (or measure it with specwise evaluate)")
         self.spec = SpeculativeConfig.parse(self.method, self.k)
         if self.spec is None:
             raise ConfigError("--method must name a drafter, not none/off")

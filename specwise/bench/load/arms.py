@@ -1,6 +1,7 @@
 """Arms: what is compared side by side.
 
-In-process methods, `--methods off,ngram,suffix,draft:PATH,layer_skip:L`; an optional `@k`
+In-process methods, `--methods off,ngram,suffix,draft:PATH,layer_skip:L,eagle[:DIR],medusa[:DIR]`
+(eagle / medusa without DIR: the built-in head for the target); an optional `@k`
 suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise
 --num-speculative-tokens applies. Endpoints, `--endpoint NAME=URL` (repeatable); the
 method is read from the name (`vllm-off`, `sglang-eagle`, `ngram`...), "http" if none.
@@ -18,7 +19,7 @@ _OFF_WORDS = ("off", "base", "baseline", "nospec", "no-spec", "plain")
 @dataclass
 class ArmSpec:
     name: str
-    method: str             # off, ngram, draft, layer_skip (in-process); also eagle, medusa, http (endpoints)
+    method: str             # off, ngram, suffix, draft, layer_skip, eagle, medusa; http (an endpoint of unknown method)
     spec: str | None        # engine drafter string ("ngram", "draft:PATH", ...); None = off
     k: int | None           # draft tokens per step; 0 for off; None if unknown (endpoints)
     url: str | None = None
