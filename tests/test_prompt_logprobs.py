@@ -121,12 +121,12 @@ def test_preempted_mid_prefill_keeps_what_it_held(models, expected):  # noqa: F8
 def test_requests_that_do_not_ask_get_no_extra_logits_rows(models, expected, monkeypatch):  # noqa: F811
     engine = make_engine(models, "ngram", 3, max_num_batched_tokens=8)
     rows = []
-    forward = engine.runner.forward
+    logits_at = engine.runner.logits_at
 
-    def counting(token_ids, start_positions, block_tables, num_logits, num_layers=None):
+    def counting(hidden, run_lengths, num_logits):
         rows.append(list(num_logits))
-        return forward(token_ids, start_positions, block_tables, num_logits, num_layers)
-    monkeypatch.setattr(engine.runner, "forward", counting)
+        return logits_at(hidden, run_lengths, num_logits)
+    monkeypatch.setattr(engine.runner, "logits_at", counting)
     check(expected, run(engine, arrivals(ask=[])))
     assert all(count <= 1 + 3 for step in rows for count in step)
     assert sum(count for step in rows for count in step) == sum(
