@@ -41,6 +41,12 @@ from dataclasses import dataclass, field
 import torch
 
 
+def tokens_left(seq) -> int:
+    """Drafts a verification step of `seq` can still use: max_tokens minus the output so far, minus the
+    token the step emits anyway (the deepest useful tree)."""
+    return seq.sampling_params.max_tokens - seq.num_output_tokens - 1
+
+
 @dataclass
 class DraftTree:
     token_ids: list[int]                                  # [num_rows]: nodes first, then free rows

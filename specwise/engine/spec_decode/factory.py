@@ -8,6 +8,7 @@ from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.draft_model import DraftModelProposer
 from specwise.engine.spec_decode.layer_skip import LayerSkipProposer
+from specwise.engine.spec_decode.lookahead import LookaheadProposer
 from specwise.engine.spec_decode.ngram import NgramProposer
 from specwise.engine.spec_decode.policy import AutoPolicy, StaticPolicy, StepCost, TablePolicy
 from specwise.engine.spec_decode.proposer import Proposer
@@ -23,6 +24,8 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
         return NgramProposer(config.ngram_min_n, config.ngram_max_n)
     if config.method == "suffix":
         return SuffixProposer(config.suffix_max_depth, config.suffix_cache_tokens)
+    if config.method == "lookahead":
+        return LookaheadProposer(config.lookahead_window, config.lookahead_ngram, config.lookahead_candidates)
     if config.method == "layer_skip":
         return LayerSkipProposer(context, config.layer_skip_layers)
     return DraftModelProposer(context, config.draft_model)

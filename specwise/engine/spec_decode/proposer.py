@@ -91,7 +91,12 @@ class Proposal:
 
 
 class Proposer(Protocol):
-    """A drafting method. `propose` may return fewer tokens than asked (none at all is fine)."""
+    """A drafting method. `propose` may return fewer tokens than asked (none at all is fine).
+
+    A proposer that returns draft trees may set `budget_counts_rows = True`: num_draft_tokens[i] then
+    counts the rows its tree may feed (bounded only by max_model_len, not by the tokens the request may
+    still emit), and the proposer keeps the tree's depth within those itself (`draft_tree.tokens_left`).
+    """
 
     def propose(self, seqs: "list[Sequence]", num_draft_tokens: list[int]) -> Proposal:
         """Draft up to num_draft_tokens[i] tokens after seqs[i].token_ids."""
