@@ -73,7 +73,8 @@ class LLMEngine:
         self.config.speculative, self.config.num_speculative_tokens = speculative, num_speculative_tokens
         # the most rows a sequence feeds after its last token: k, or a draft tree's rows (lookahead)
         self.num_speculative_tokens = spec_config.step_rows if self.proposer else 0
-        self.policy = build_policy(self.config, self.num_speculative_tokens, self.runner, self.max_model_len)
+        self.policy = build_policy(self.config, self.num_speculative_tokens, self.runner, self.max_model_len,
+                                   self.proposer)
         self.step_k = self.num_speculative_tokens     # the policy's choice for the current step
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,

@@ -31,15 +31,17 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
     return DraftModelProposer(context, config.draft_model)
 
 
-def build_policy(config: EngineConfig, max_k: int, runner: ModelRunner, max_model_len: int):
+def build_policy(config: EngineConfig, max_k: int, runner: ModelRunner, max_model_len: int,
+                 proposer: Proposer | None = None):
     """The k-per-step policy named by `--speculative-policy` (static / table:... / auto);
-    static when nothing drafts (max_k = 0)."""
+    static when nothing drafts (max_k = 0). A proposer whose k counts rows names auto's levels."""
     text = config.speculative_policy
     if text == "static" or max_k == 0:
         return StaticPolicy(max_k)
     if text.startswith("table:"):
         return TablePolicy.parse(text.removeprefix("table:"), max_k)
-    return AutoPolicy(max_k, step_cost_model(config, max_k, runner, max_model_len))
+    levels = proposer.auto_levels(max_k) if hasattr(proposer, "auto_levels") else None
+    return AutoPolicy(max_k, step_cost_model(config, max_k, runner, max_model_len), levels=levels)
 
 
 def step_cost_model(config: EngineConfig, max_k: int, runner: ModelRunner, max_model_len: int) -> StepCost:

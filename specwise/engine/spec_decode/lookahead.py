@@ -105,6 +105,11 @@ class LookaheadProposer:
         num_candidates = max(1, min(self.candidates, slots, round(self.candidates * budget / self.full_rows)))
         return max(0, min(self.window, slots - num_candidates)), num_candidates, depth
 
+    def auto_levels(self, max_k: int) -> list[tuple[int, int]]:
+        """The auto policy's choices (policy.py): off, or the full tree verifying N - 1 positions."""
+        full = min(max_k, self.full_rows)
+        return [(0, 0), (full, self.sizes(full)[2])]
+
     def propose(self, seqs, num_draft_tokens: list[int]) -> Proposal:
         if len(seqs) != len(num_draft_tokens):
             raise ValueError(f"{len(seqs)} sequences but {len(num_draft_tokens)} draft lengths")

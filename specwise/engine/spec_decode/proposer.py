@@ -96,6 +96,8 @@ class Proposer(Protocol):
     A proposer that returns draft trees may set `budget_counts_rows = True`: num_draft_tokens[i] then
     counts the rows its tree may feed (bounded only by max_model_len, not by the tokens the request may
     still emit), and the proposer keeps the tree's depth within those itself (`draft_tree.tokens_left`).
+    Such a proposer may also define `auto_levels(max_k) -> [(k, positions verified)]`, the budgets the
+    auto k policy chooses among (policy.py).
     """
 
     def propose(self, seqs: "list[Sequence]", num_draft_tokens: list[int]) -> Proposal:
