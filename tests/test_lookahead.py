@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from specwise.engine.sequence import Sequence
-from specwise.engine.spec_decode.config import SpeculativeConfig
+from specwise.engine.spec_decode.config import (DEFAULT_LOOKAHEAD_CANDIDATES, DEFAULT_LOOKAHEAD_NGRAM,
+                                                DEFAULT_LOOKAHEAD_WINDOW, SpeculativeConfig)
 from specwise.engine.spec_decode.lookahead import LookaheadProposer, window_rows
 from specwise.engine.spec_decode.ngram import NgramProposer
 from specwise.errors import ConfigError
@@ -37,15 +38,15 @@ def test_window_rows_follow_the_diagonals():
 
 
 def test_the_step_mask_for_w2_n3_g2_by_hand():
-    # text: 10 distinct tokens, then 7 9 4 6 8, 9 4 5 8, and it ends in 7 9 (L = 21):
+    # text: 10 distinct tokens, then 7 9 4 6 8, 9 4 5 8, and it ends in 7 9 (L = 21), k = 2:
     # prompt lookup matches "7 9" at positions 10-11 -> drafts (4, 6); pool[9] = [(4, 5), (4, 6)] newest first
     tokens = list(range(30, 40)) + [7, 9, 4, 6, 8, 9, 4, 5, 8, 7, 9]
-    proposer = LookaheadProposer(window=2, ngram=3, candidates=2)
+    proposer = LookaheadProposer(window=2, ngram=3, candidates=2, lookup_tokens=2)
     seq = sequence(tokens)
     proposer.states[seq.seq_id] = state = proposer._new_state(seq)
     state.window = [[1, 2], [3, 8]]
     tree = proposer.tree(seq, proposer.full_rows)
-    assert proposer.full_rows == 8
+    assert proposer.full_rows == 8                    # (W + G)(N - 1), k not above N - 1
     # nodes: 4 (pos 21), 6 (pos 22, after 4), 5 (pos 22, after 4); window (0,0)=1 (0,1)=2 (1,0)=3 (1,1)=8
     assert tree.token_ids == [4, 6, 5, 1, 2, 3, 8]
     assert tree.position_offsets() == [0, 1, 1, 0, 1, 1, 2]
@@ -63,6 +64,17 @@ def test_the_step_mask_for_w2_n3_g2_by_hand():
         c + [0, 0, 0, 1, 1, 0, 1],           # window (1,1): level 0 columns 0..1, itself
     ], dtype=torch.bool)
     assert torch.equal(tree.attention_mask(L), expected)
+
+
+def test_prompt_lookups_candidate_is_k_long_and_the_pool_adds_what_it_does_not_cover():
+    tokens = list(range(30, 40)) + [7, 9, 4, 6, 8, 9, 4, 5, 8, 7, 9]
+    proposer = LookaheadProposer(window=2, ngram=3, candidates=3, lookup_tokens=4)
+    assert proposer.full_rows == (2 + 3) * 2 + 2
+    tree = proposer.tree(sequence(tokens), proposer.full_rows)
+    # prompt lookup: 4 6 8 9; the pool's (4, 6) is its prefix (skipped), (4, 5) is new, (8, 7) is after 9? no:
+    # pool[9] = [(4, 5), (4, 6)] -> candidates [4 6 8 9] and [4 5]
+    assert [tree.path_tokens(leaf) for leaf in tree.leaves()] == [[4, 6, 8, 9], [4, 5]]
+    assert tree.drafted([0, 1, 2]) == 4
 
 
 def test_a_step_collects_the_window_ngrams_and_moves_it_one_level():
@@ -102,31 +114,37 @@ def test_the_pool_is_seeded_by_the_text_and_bounded():
 
 
 def test_without_a_window_the_first_candidate_is_prompt_lookups():
-    text = [5, 8, 9, 2, 5, 8, 7, 5, 8]
-    proposer = LookaheadProposer(window=0, ngram=4, candidates=3)
+    text = [5, 8, 9, 2, 5, 8, 7, 5, 8, 9, 2, 5, 8]
+    proposer = LookaheadProposer(window=0, ngram=3, candidates=3, lookup_tokens=4)
     tree = proposer.tree(sequence(text), proposer.full_rows)
-    expected = NgramProposer().lookup(text, 3)
+    expected = NgramProposer().lookup(text, 4)         # what `ngram` at k = 4 drafts
+    assert len(expected) == 4
     assert expected and tree.path_tokens(len(expected) - 1) == expected
     assert tree.num_rows == tree.num_nodes            # no Jacobi rows
 
 
 def test_a_smaller_budget_shrinks_the_window_and_the_candidates():
-    proposer = LookaheadProposer(window=4, ngram=3, candidates=4)      # 16 rows
-    assert proposer.sizes(16) == (4, 4, 2)
-    assert proposer.sizes(8) == (2, 2, 2)
-    assert proposer.sizes(2) == (0, 1, 2)
-    assert proposer.sizes(1) == (0, 1, 1)
+    proposer = LookaheadProposer(window=4, ngram=3, candidates=4, lookup_tokens=4)     # 8 + 8 + 2 = 18 rows
+    assert proposer.full_rows == 18
+    assert proposer.sizes(18) == (4, 4, 2, 4)          # (W', G', pool candidates' length, prompt lookup's)
+    assert proposer.sizes(9) == (0, 3, 2, 4)           # prompt lookup first, G in proportion, W what is left
+    assert proposer.sizes(14) == (3, 3, 2, 4)           # 4 + 2 x 2 + 3 x 2 rows
+    assert proposer.sizes(4) == (0, 1, 2, 4)
+    assert proposer.sizes(1) == (0, 1, 1, 1)
     seq = sequence(list(range(30, 40)) + list(range(30, 40)))
-    for budget in (1, 3, 8, 16):
+    for budget in (1, 3, 9, 18):
         assert proposer.tree(seq, budget).num_rows <= budget
 
 
 def test_config_text_round_trips_and_counts_the_rows():
     config = SpeculativeConfig.parse("lookahead:5,4,3", 4)
     assert (config.lookahead_window, config.lookahead_ngram, config.lookahead_candidates) == (5, 4, 3)
-    assert config.step_rows == (5 + 3) * 3
+    assert config.step_rows == (5 + 3) * 3 + 1          # k = 4: prompt lookup's candidate is 1 longer than N - 1
+    assert SpeculativeConfig.parse("lookahead:5,4,3", 2).step_rows == (5 + 3) * 3
     assert SpeculativeConfig.parse(config.label, 4) == config
-    assert SpeculativeConfig.parse("lookahead", 4).label == "lookahead:4,3,4"
+    default = SpeculativeConfig.parse("lookahead", 4)
+    assert default.label == "lookahead:{},{},{}".format(DEFAULT_LOOKAHEAD_WINDOW, DEFAULT_LOOKAHEAD_NGRAM,
+                                                         DEFAULT_LOOKAHEAD_CANDIDATES)
 
 
 @pytest.mark.parametrize("text, message", [

@@ -21,19 +21,19 @@ from specwise.calc.roofline import RooflineCost
 from specwise.cli import main
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
+from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 from test_server_harness import TINY_ENGINE, serve
 from tiny_models import tiny_checkpoint
 
 
-def test_evaluate_arms_keep_lookaheads_commas_and_take_no_k():
-    arms = parse_methods("off,ngram,lookahead:2,3,2,lookahead", 4)
+def test_evaluate_arms_keep_lookaheads_commas():
+    arms = parse_methods("off,ngram,lookahead:2,3,2,lookahead:1,4,2@6", 4)
     assert [(arm.name, arm.spec, arm.k) for arm in arms] == [
-        ("off", None, 0), ("ngram-k4", "ngram", 4), ("lookahead-w2n3g2", "lookahead:2,3,2", 2),
-        ("lookahead-w4n3g4", "lookahead:4,3,4", 2)]
-    with pytest.raises(ConfigError, match="lookahead takes no @k"):
-        parse_methods("lookahead@3", 4)
+        ("off", None, 0), ("ngram-k4", "ngram", 4), ("lookahead-w2n3g2-k4", "lookahead:2,3,2", 4),
+        ("lookahead-w1n4g2-k6", "lookahead:1,4,2", 6)]
+    assert parse_methods("lookahead", 4)[0].spec == SpeculativeConfig.parse("lookahead", 4).label
     assert infer_method("trtllm-lookahead") == "lookahead"
 
 
@@ -42,16 +42,16 @@ def test_evaluate_runs_a_lookahead_arm_in_process(tmp_path):
     workload.write_text("".join(json.dumps(p) + "\n" for p in [
         {"prompt": "abc abc abc abc abc abc abc abc", "category": "repeat", "max_tokens": 16},
         {"prompt": "the cat the cat the cat", "category": "repeat", "max_tokens": 12}]))
-    config = EvaluateConfig(methods="off,lookahead:2,3,2", workload=str(workload), concurrency="1", num_requests=2,
+    config = EvaluateConfig(methods="off,lookahead:2,3,2@3", workload=str(workload), concurrency="1", num_requests=2,
                             warmup=0, output=str(tmp_path / "results"), progress=False)
     outcome = evaluate(config, EngineConfig(dtype="float32", max_model_len=256, num_kv_blocks=256), argv=[],
                        checkpoint=tiny_checkpoint())
     records = read_records(outcome.results_dir)
-    lookahead = [r for r in records if r.arm == "lookahead-w2n3g2"]
+    lookahead = [r for r in records if r.arm == "lookahead-w2n3g2-k3"]
     off = {r.request_id: r.output_tokens for r in records if r.arm == "off"}
     assert len(lookahead) == 2 and all(r.error is None for r in records)
     assert {r.request_id: r.output_tokens for r in lookahead} == off
-    assert sum(r.drafts for r in lookahead) > 0 and all(r.draft_tokens <= 2 * r.drafts for r in lookahead)
+    assert sum(r.drafts for r in lookahead) > 0 and all(r.draft_tokens <= 3 * r.drafts for r in lookahead)
 
 
 def test_serve_with_lookahead_answers_as_the_target_alone():
@@ -72,9 +72,9 @@ def test_serve_with_lookahead_answers_as_the_target_alone():
 def test_auto_policy_chooses_between_off_and_the_full_tree():
     engine = LLMEngine(EngineConfig(dtype="float32", max_model_len=128, num_kv_blocks=128, max_num_seqs=4,
                                     speculative="lookahead:2,3,2", speculative_policy="auto"), tiny_checkpoint())
-    assert engine.num_speculative_tokens == 8
-    assert engine.policy.levels == [(0, 0), (8, 2)]
-    assert engine.policy.choose_k(1, 50) in (0, 8)
+    assert engine.num_speculative_tokens == 10                  # (2 + 2)(3 - 1) + (4 - 2) rows at k 4
+    assert engine.policy.levels == [(0, 0), (10, 4)]
+    assert engine.policy.choose_k(1, 50) in (0, 10)
 
 
 def test_recommendation_gives_tensorrt_llms_config_and_says_vllm_and_sglang_lack_it():
@@ -94,16 +94,18 @@ def roofline():
     return RooflineCost(deployment), deployment
 
 
-def test_a_calculator_arm_verifies_n_minus_1_and_pays_for_every_row(roofline):
+def test_a_calculator_arm_verifies_its_longest_candidate_and_pays_for_every_row(roofline):
     cost, deployment = roofline
-    arm = parse_arm("lookahead:w=4,n=3,g=4,alpha=0.5", cost, deployment)
-    assert arm.name == "lookahead-w4n3g4" and arm.k_for(1) == 2
+    arm = parse_arm("lookahead:w=4,n=3,g=4,k=2,alpha=0.5", cost, deployment)
+    assert arm.name == "lookahead-w4n3g4-k2" and arm.k_for(1) == 2
     for batch in (1, 64):
         # a step verifies 1 + W(N-1) + G(N-1) = 17 positions: 1 + k in the verification, the rest as drafting
         total = cost.step_times(batch, 3, [batch * 500.0]) + arm.draft.draft_times(batch, 2, [batch * 500.0], None)
         assert total[0] == pytest.approx(cost.step_times(batch, 17, [batch * 500.0])[0])
-    with pytest.raises(ConfigError, match="at most n - 1 = 2"):
-        parse_arm("lookahead:k=4,alpha=0.5", cost, deployment)
+    longer = parse_arm("lookahead:w=4,n=3,g=4,alpha=0.5", cost, deployment)       # k 4: prompt lookup's 4 tokens
+    assert longer.k_for(1) == 4 and longer.draft.rows == 18
+    with pytest.raises(ConfigError, match="at most max\\(k, n - 1\\) = 4"):
+        parse_arm("lookahead:policy=1=6/8=2,alpha=0.5", cost, deployment)
     with pytest.raises(ConfigError, match="lookahead arms only"):
         parse_arm("ngram:w=4,alpha=0.5", cost, deployment)
     with pytest.raises(ConfigError, match="N \\(n-gram size\\) in 2..6"):
@@ -114,13 +116,13 @@ def test_calc_throughput_and_simulate_take_lookahead(tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="specwise")
     calc_cli.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["calc", "throughput", "--method", "lookahead", "--lookahead", "4,3,4", "--alpha", "0.5",
-                              "--batch-sizes", "1,64"])
+                              "--k", "2", "--batch-sizes", "1,64"])
     assert args.handler(args) == 0
     out = capsys.readouterr().out
     assert "16 rows" in out and "stops paying" in out
     assert main(["simulate", "--arm", "lookahead:w=2,n=3,g=2,alpha=0.5", "--concurrency", "1",
                  "--output", str(tmp_path / "sim"), "--num-requests", "4"]) == 0
-    assert {r.arm for r in read_records(tmp_path / "sim")} == {"off", "lookahead-w2n3g2"}
+    assert {r.arm for r in read_records(tmp_path / "sim")} == {"off", "lookahead-w2n3g2-k4"}
 
 
 def test_estimate_says_lookahead_cannot_be_replayed_from_a_log(tmp_path, capsys):

@@ -4,7 +4,7 @@ An arm is written METHOD[:KEY=VALUE,...], for example
     off
     ngram:k=4,alpha=0.6
     suffix:k=8,from=results/eval1,arm=suffix-k8
-    lookahead:w=4,n=3,g=4,from=results/eval1,arm=lookahead-w4n3g4
+    lookahead:w=4,n=3,g=4,from=results/eval1
     draft:k=4,alpha=0.8,drafter=qwen2.5-0.5b
     eagle:positions=0.8/0.6/0.45,cost=0.05
     draft:policy=1=5/32=3/128=0,alpha=0.8,drafter=llama-3.2-1b
@@ -15,9 +15,11 @@ evaluate results directory, with arm = its arm name, default this arm's name); d
 (share of steps that carry drafts, default 1, or as measured with from); drafting
 cost: drafter (catalog model or config.json on the same GPUs) | cost (relative to a target
 decode step), none needed by the model-free ngram and suffix (drafting on the CPU); budget (drafter KV tokens per sequence); overhead_ms (per verification
-step); name; lookahead only: w, n, g (its window, n-gram size and candidates, default
-4, 3, 4): k defaults to n - 1 and a step costs 1 + (w + g)(n - 1) tokens per sequence
-(ExtraRowsCost), nothing else to say about drafting.
+step); name; lookahead only: w, n, g (its window, n-gram size and candidates, as the
+engine's defaults): k is its prompt-lookup candidate's length (default 4), it verifies up to
+max(k, n - 1) positions, and a step costs 1 + (w + g)(n - 1) + max(0, k - (n - 1)) tokens per
+sequence (ExtraRowsCost), nothing else to say about drafting; from= defaults to evaluate's
+arm name lookahead-wWnNgG-kK.
 """
 
 import dataclasses
@@ -106,14 +108,16 @@ def build_arm(method: str, keys: dict[str, str], target: StepCostModel, deployme
     lookahead = _lookahead(text, method, keys)
     policy = _policy(text, keys)
     if lookahead is not None:
-        lookahead_name = "lookahead-w{}n{}g{}".format(
-            lookahead.lookahead_window, lookahead.lookahead_ngram, lookahead.lookahead_candidates)
+        depth = max(lookahead.lookahead_ngram - 1, lookahead.num_speculative_tokens)
+        lookahead_name = "lookahead-w{}n{}g{}-k{}".format(lookahead.lookahead_window, lookahead.lookahead_ngram,
+                                                           lookahead.lookahead_candidates,
+                                                           lookahead.num_speculative_tokens)
         if "from" in keys and "arm" not in keys and "name" not in keys:
             keys = {**keys, "arm": lookahead_name}          # evaluate's name for this arm
-        policy = policy or KTable.fixed(lookahead.lookahead_ngram - 1)
-        if policy.max_k > lookahead.lookahead_ngram - 1:
-            raise ConfigError(f"arm {text!r}: lookahead verifies at most n - 1 = {lookahead.lookahead_ngram - 1} "
-                              f"drafts per step, k = {policy.max_k} asked")
+        policy = policy if "policy" in keys else KTable.fixed(depth)
+        if policy.max_k > depth:
+            raise ConfigError(f"arm {text!r}: lookahead verifies at most max(k, n - 1) = {depth} drafts per step, "
+                              f"a policy of k = {policy.max_k} asked")
     acceptance = _acceptance(text, method, keys, policy)
     if "drafted" in keys:
         fraction = _number(text, keys, "drafted")
@@ -142,7 +146,8 @@ def _lookahead(text: str, method: str, keys: dict) -> SpeculativeConfig | None:
         raise ConfigError(f"arm {text!r}: lookahead drafts in the target's own forward: no drafter or cost")
     sizes = {key: _number(text, keys, key, kind=int) for key in given}
     default = SpeculativeConfig("lookahead")
-    return SpeculativeConfig("lookahead", lookahead_window=sizes.get("w", default.lookahead_window),
+    return SpeculativeConfig("lookahead", _number(text, keys, "k", DEFAULT_K, kind=int),
+                             lookahead_window=sizes.get("w", default.lookahead_window),
                              lookahead_ngram=sizes.get("n", default.lookahead_ngram),
                              lookahead_candidates=sizes.get("g", default.lookahead_candidates))
 

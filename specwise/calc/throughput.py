@@ -42,8 +42,9 @@ class ThroughputConfig:
         "help": "drafter attends to at most this many cached tokens (MagicDec-style)"})
     spec_overhead_ms: float = field(default=0.0, metadata={"help": "fixed cost per verification step, ms"})
     lookahead: str | None = field(default=None, metadata={
-        "help": "with --method lookahead: its sizes W,N,G (default 4,3,4); k is then N - 1 and a step "
-                "feeds 1 + (W + G)(N - 1) tokens per sequence"})
+        "help": "with --method lookahead: its sizes W,N,G (default: the engine's); --k is its prompt-lookup "
+                "candidate's length, and a step feeds 1 + (W + G)(N - 1) + max(0, k - (N - 1)) tokens per "
+                "sequence"})
     batch_sizes: str | None = field(default=None, metadata={
         "help": "batch sizes to tabulate, e.g. 1,8,64 (default: powers of 2 up to the KV limit)"})
     max_num_seqs: int = field(default=1024, metadata={"help": "largest batch the server allows"})
@@ -56,8 +57,7 @@ class ThroughputConfig:
     def arm(self, target: StepCostModel, deployment: Deployment) -> SpecArm:
         keys = {"k": str(self.k), "overhead_ms": str(self.spec_overhead_ms)}
         if self.method == "lookahead":
-            sizes = SpeculativeConfig.parse(f"lookahead:{self.lookahead}" if self.lookahead else "lookahead", 1)
-            del keys["k"]
+            sizes = SpeculativeConfig.parse(f"lookahead:{self.lookahead}" if self.lookahead else "lookahead", self.k)
             keys.update(w=str(sizes.lookahead_window), n=str(sizes.lookahead_ngram), g=str(sizes.lookahead_candidates))
         elif self.lookahead is not None:
             raise ConfigError("--lookahead W,N,G applies to --method lookahead only")

@@ -2,8 +2,8 @@
 
 In-process methods, `--methods off,ngram,suffix,lookahead:W,N,G,draft:PATH,layer_skip:L`; an
 optional `@k` suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise
---num-speculative-tokens applies. Lookahead takes no @k (its sizes say its rows); its arm is
-named lookahead-wWnNgG and its k is N - 1, the longest candidate it verifies. Endpoints,
+--num-speculative-tokens applies (for lookahead: its prompt-lookup candidate's length; the arm
+is named lookahead-wWnNgG-kK). Endpoints,
 `--endpoint NAME=URL` (repeatable); the method is read from the name (`vllm-off`,
 `sglang-eagle`, `ngram`, `trtllm-lookahead`...), "http" if none.
 """
@@ -70,11 +70,8 @@ def _method_arm(text: str, default_k: int) -> ArmSpec:
         return ArmSpec(name="off", method="off", spec=None, k=0)
     parsed = SpeculativeConfig.parse(spec, k)               # the engine's own check of the drafter text
     if parsed.method == "lookahead":
-        if k_text:
-            raise ConfigError(f"--methods: {text!r}: lookahead takes no @k; its sizes are lookahead:W,N,G")
-        sizes = (parsed.lookahead_window, parsed.lookahead_ngram, parsed.lookahead_candidates)
-        return ArmSpec(name="lookahead-w{}n{}g{}".format(*sizes), method="lookahead", spec=parsed.label,
-                       k=parsed.lookahead_ngram - 1)
+        sizes = (parsed.lookahead_window, parsed.lookahead_ngram, parsed.lookahead_candidates, k)
+        return ArmSpec(name="lookahead-w{}n{}g{}-k{}".format(*sizes), method="lookahead", spec=parsed.label, k=k)
     argument = spec.partition(":")[2]
     label = parsed.method if not argument else f"{parsed.method}-{Path(argument).name or argument}"
     return ArmSpec(name=f"{label}-k{k}", method=parsed.method, spec=spec, k=k)

@@ -16,9 +16,10 @@
     none / off          no speculation (same as leaving the flag out)
 
 k (`--num-speculative-tokens`) is the most draft tokens per sequence per step, at most
-MAX_SPECULATIVE_TOKENS (the one k bound, in specwise/config.py). Lookahead ignores it: its
-step feeds up to (W + G)(N - 1) rows after the last token (`step_rows`), and the k policies
-choose among those (a smaller k shrinks W and G). This module is torch-free,
+MAX_SPECULATIVE_TOKENS (the one k bound, in specwise/config.py). For lookahead k is the
+longest prompt-lookup candidate (as for ngram); a step feeds up to (W + G)(N - 1) + max(0, k -
+(N - 1)) rows after the last token (`step_rows`), and the k policies choose among those (a
+smaller budget shrinks W and G). This module is torch-free,
 so calc and bench import it.
 The draft path is only checked for text here; the loader reports a missing file.
 """
@@ -112,9 +113,11 @@ class SpeculativeConfig:
 
     @property
     def step_rows(self) -> int:
-        """Rows a full step feeds per sequence after its last token: k, or lookahead's (W + G)(N - 1)."""
+        """Rows a full step feeds per sequence after its last token: k, or lookahead's
+        (W + G)(N - 1) + max(0, k - (N - 1)) (its prompt lookup candidate may be k long)."""
         if self.method == "lookahead":
-            return (self.lookahead_window + self.lookahead_candidates) * (self.lookahead_ngram - 1)
+            return lookahead_rows(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates,
+                                  self.num_speculative_tokens)
         return self.num_speculative_tokens
 
     @property
@@ -172,3 +175,9 @@ def check_lookahead_sizes(window: int, ngram: int, candidates: int) -> None:
                                      ("G (candidates)", candidates, LOOKAHEAD_CANDIDATES_RANGE)):
         if not low <= value <= high:
             raise ConfigError(f"lookahead:W,N,G needs {name} in {low}..{high}, got {value}")
+
+
+def lookahead_rows(window: int, ngram: int, candidates: int, k: int) -> int:
+    """Rows a full lookahead step feeds after the last token: the window's W(N - 1), G candidates of
+    N - 1 tokens, and prompt lookup's candidate up to k long. lookahead_rows(4, 3, 4, 4) = 8 + 8 + 2 = 18."""
+    return (window + candidates) * (ngram - 1) + max(0, k - (ngram - 1))

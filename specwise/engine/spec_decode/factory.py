@@ -25,7 +25,8 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
     if config.method == "suffix":
         return SuffixProposer(config.suffix_max_depth, config.suffix_cache_tokens)
     if config.method == "lookahead":
-        return LookaheadProposer(config.lookahead_window, config.lookahead_ngram, config.lookahead_candidates)
+        return LookaheadProposer(config.lookahead_window, config.lookahead_ngram, config.lookahead_candidates,
+                                 config.num_speculative_tokens)
     if config.method == "layer_skip":
         return LayerSkipProposer(context, config.layer_skip_layers)
     return DraftModelProposer(context, config.draft_model)

@@ -5,11 +5,12 @@ forward that verifies; no draft model, no training.
 Every step feeds, after a sequence's last token (at position L - 1, L = len(seq)), one draft
 tree (draft_tree.py) holding two branches:
 
-  verification branch  up to G candidate (N-1)-grams that follow the last token, merged into a
-                       trie: candidate 0 is prompt lookup's (ngram.py: the longest, most recent
-                       earlier match of the text's end, in the sequence's own text), the rest
-                       come from the **n-gram pool** under the key = the last token, most recent
-                       first. The verifier (rejection.py) keeps the longest accepted path.
+  verification branch  up to G candidates that follow the last token, merged into a trie:
+                       candidate 0 is prompt lookup's (ngram.py: the longest, most recent earlier
+                       match of the text's end, in the sequence's own text), up to max(k, N-1)
+                       tokens (k = --num-speculative-tokens, as the ngram drafter's); the rest are
+                       (N-1)-grams from the **n-gram pool** under the key = the last token, most
+                       recent first. The verifier (rejection.py) keeps the longest accepted path.
   lookahead branch     the **Jacobi window**: N-1 levels x W columns of guessed tokens, level l
                        column i at position L + i + l. Row (l, i) sees the context, level 0 columns
                        0..i and levels 1..l of its own column, i.e. positions L .. L + i + l, one
@@ -29,12 +30,13 @@ Drafts are one-hot and chosen before the step's target forward, so the verifier 
 output exact for greedy and sampled requests alike. With W = 0 there is no lookahead branch:
 candidates are prompt lookup's plus the text's own n-grams, never fewer than prompt lookup alone.
 
-Rows per step: a full step feeds (W + G)(N - 1) rows after the last token (fewer when the pool
-has fewer candidates). A smaller budget k (the scheduler's reservation, chosen by the k policy)
-shrinks G and W in proportion, G first kept at 1: the extra positions are the method's cost.
+Rows per step: a full step feeds (W + G)(N - 1) + max(0, k - (N - 1)) rows after the last token
+(fewer when there are fewer candidates). A smaller budget (the scheduler's reservation, chosen by
+the k policy) keeps prompt lookup's candidate first and shrinks G and W in proportion: the extra
+positions are the method's cost.
 
-Worked example, W = 2, N = 3, G = 2, text ... 7 9 (L = 20), pool {9: [(4, 5)]}, prompt lookup
-drafts (4, 6), window levels [[1, 2], [3, 8]]:
+Worked example, W = 2, N = 3, G = 2, k = 2, text ... 7 9 (L = 20), pool {9: [(4, 5)]}, prompt
+lookup drafts (4, 6), window levels [[1, 2], [3, 8]]:
 
     nodes  0: 4 (pos 20)  1: 6 (pos 21)  2: 5 (pos 21, parent 0)
     window (0,0)=1 pos 20  (0,1)=2 pos 21  (1,0)=3 pos 21  (1,1)=8 pos 22
@@ -47,7 +49,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from specwise.engine.spec_decode.config import (DEFAULT_LOOKAHEAD_CANDIDATES, DEFAULT_LOOKAHEAD_NGRAM,
-                                                DEFAULT_LOOKAHEAD_WINDOW, check_lookahead_sizes)
+                                                DEFAULT_LOOKAHEAD_WINDOW, check_lookahead_sizes, lookahead_rows)
 from specwise.engine.spec_decode.draft_tree import DraftTree, tokens_left
 from specwise.engine.spec_decode.ngram import NgramProposer
 from specwise.engine.spec_decode.proposer import Proposal
@@ -60,8 +62,8 @@ class _SequenceState:
     window: list[list[int]]                      # [N - 1][W] guessed tokens
     pool: OrderedDict = field(default_factory=OrderedDict)   # first token -> [(N-1)-tuples], newest first
     num_indexed: int = 0                         # own-text n-grams added for positions < num_indexed
-    updates: int = 0                             # Jacobi updates so far (the window is all model output
-    tree: DraftTree | None = None                # from N - 1 on); the last step's tree, read next time
+    updates: int = 0                             # Jacobi updates so far: from N - 1 on, all model output
+    tree: DraftTree | None = None                # the last step's tree, read at the next propose
     columns: int = 0                             # window columns that tree fed
 
 
@@ -82,6 +84,7 @@ class LookaheadProposer:
     window: int = DEFAULT_LOOKAHEAD_WINDOW          # W
     ngram: int = DEFAULT_LOOKAHEAD_NGRAM            # N
     candidates: int = DEFAULT_LOOKAHEAD_CANDIDATES  # G
+    lookup_tokens: int = 4                          # k: prompt lookup's candidate has up to max(k, N - 1)
     max_pool_keys: int = DEFAULT_MAX_POOL_KEYS
     states: dict[int, _SequenceState] = field(default_factory=dict)    # seq_id -> state
     budget_counts_rows = True      # the scheduler's k is this step's rows (proposer.py)
@@ -92,23 +95,26 @@ class LookaheadProposer:
 
     @property
     def full_rows(self) -> int:
-        return (self.window + self.candidates) * (self.ngram - 1)
+        return lookahead_rows(self.window, self.ngram, self.candidates, self.lookup_tokens)
 
-    def sizes(self, budget: int) -> tuple[int, int, int]:
-        """(columns W', candidates G', candidate length) that fit `budget` rows."""
+    @property
+    def lookup_depth(self) -> int:
+        return max(self.lookup_tokens, self.ngram - 1)
+
+    def sizes(self, budget: int) -> tuple[int, int, int, int]:
+        """(columns W', candidates G', pool candidate length, prompt lookup's length) within `budget` rows."""
         depth = self.ngram - 1
         if budget >= self.full_rows:
-            return self.window, self.candidates, depth
-        if budget < depth:
-            return 0, 1, budget
-        slots = budget // depth
-        num_candidates = max(1, min(self.candidates, slots, round(self.candidates * budget / self.full_rows)))
-        return max(0, min(self.window, slots - num_candidates)), num_candidates, depth
+            return self.window, self.candidates, depth, self.lookup_depth
+        lookup = min(self.lookup_depth, budget)
+        rest = budget - lookup
+        more = max(0, min(self.candidates - 1, rest // depth, round((self.candidates - 1) * budget / self.full_rows)))
+        return min(self.window, (rest - more * depth) // depth), 1 + more, min(depth, budget), lookup
 
     def auto_levels(self, max_k: int) -> list[tuple[int, int]]:
-        """The auto policy's choices (policy.py): off, or the full tree verifying N - 1 positions."""
+        """The auto policy's choices (policy.py): off, or the full tree, verifying its longest candidate."""
         full = min(max_k, self.full_rows)
-        return [(0, 0), (full, self.sizes(full)[2])]
+        return [(0, 0), (full, max(self.sizes(full)[2:]))]
 
     def propose(self, seqs, num_draft_tokens: list[int]) -> Proposal:
         if len(seqs) != len(num_draft_tokens):
@@ -123,9 +129,10 @@ class LookaheadProposer:
             state = self.states[seq.seq_id] = self._new_state(seq)
         self._absorb(state)
         self._index_text(state, seq.token_ids)
-        columns, num_candidates, depth = self.sizes(budget)
-        depth = min(depth, tokens_left(seq))
-        tree = DraftTree.from_candidates(self._candidates(state, seq.token_ids, num_candidates, depth))
+        columns, num_candidates, depth, lookup_depth = self.sizes(budget)
+        left = tokens_left(seq)
+        tree = DraftTree.from_candidates(self._candidates(state, seq.token_ids, num_candidates, min(depth, left),
+                                                          min(lookup_depth, left)))
         if columns:
             offsets, sees = window_rows(columns, self.ngram - 1)
             tokens = [token for level in state.window for token in level[:columns]]
@@ -176,16 +183,18 @@ class LookaheadProposer:
         if len(state.pool) > self.max_pool_keys:
             state.pool.popitem(last=False)
 
-    def _candidates(self, state: _SequenceState, token_ids: list[int], count: int, depth: int) -> list[list[int]]:
-        """Up to `count` distinct drafts of `depth` tokens: prompt lookup's, then the pool's for the last token."""
+    def _candidates(self, state: _SequenceState, token_ids: list[int], count: int, depth: int,
+                    lookup_depth: int) -> list[list[int]]:
+        """Up to `count` drafts: prompt lookup's (up to lookup_depth tokens), then the pool's for the last token
+        (depth tokens), skipping any that an earlier one already covers as its prefix."""
         found = []
-        looked_up = self.lookup.lookup(token_ids, depth)
+        looked_up = self.lookup.lookup(token_ids, lookup_depth)
         if looked_up:
             found.append(tuple(looked_up))
         for value in state.pool.get(token_ids[-1], []):
-            value = value[:depth]
             if len(found) >= count:
                 break
-            if value not in found:
+            value = value[:depth]
+            if not any(chosen[:len(value)] == value for chosen in found):
                 found.append(value)
-        return [list(value) for value in found[:count]]
+        return [list(value) for value in found]

@@ -19,12 +19,12 @@ no drafting cost. k=0: 1 / 0.040 = 25 tok/s. k=2: (1 + 0.8 + 0.48) / 0.050 = 45.
 At batch 64 with verify_time(64, 1) = 400 ms and verify_time(64, 3) = 1300 ms:
 k=0: 160 tok/s; k=2: 64 * 2.28 / 1.3 = 112 tok/s, so auto turns speculation off.
 
-A draft-tree proposer's k counts rows, not draft positions (lookahead: (W + G)(N - 1) rows
-verify at most N - 1 positions). It names the budgets auto chooses among and the positions
-each verifies (`auto_levels`, e.g. [(0, 0), (16, 2)]): tokens per step come from the
+A draft-tree proposer's k counts rows, not draft positions (lookahead 2,3,2 at k 4: 10 rows
+verify at most 4 positions). It names the budgets auto chooses among and the positions
+each verifies (`auto_levels`, e.g. [(0, 0), (10, 4)]): tokens per step come from the
 positions, the step's cost from the rows. Lookahead offers off and its full size, since what
 a smaller window or fewer candidates would accept is not measured; a `table:` policy shrinks
-W and G by batch size instead (k = rows, e.g. table:1=16/4=8/16=0).
+W and G by batch size instead (k = rows, e.g. table:1=10/4=6/16=0).
 """
 
 from dataclasses import dataclass, field
