@@ -59,6 +59,7 @@ def test_bad_engine_flag_values(capsys, tmp_path, flag, value, fragment):
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--max-tokens", "0"], "max_tokens must be >= 1"),
     (["--speculative", "magic"], "unknown speculative method 'magic'"),
+    (["--speculative", "lookahead:4,9,4"], "lookahead:W,N,G needs N (n-gram size) in 2..6, got 9"),
     (["--prompt", ""], "the prompt is empty"),
 ])
 def test_bad_request_flag_values(capsys, model_dir, argv, fragment):

@@ -48,7 +48,7 @@ def plain(models):  # noqa: F811
                                                                   repetition_penalty=1.1)}
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_same", "layer_skip"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft_same", "layer_skip", "lookahead"])
 @pytest.mark.parametrize("setting", ["none", "penalties"])
 def test_logprobs_with_speculation_equal_logprobs_without(models, plain, drafter, setting):  # noqa: F811
     engine = drafting_engine(models, drafter)

@@ -60,7 +60,7 @@ def penalty_references(models):  # noqa: F811
                    for text, max_tokens in PROMPTS] for name, settings in SETTINGS.items()}
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_same", "layer_skip"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft_same", "layer_skip", "lookahead"])
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_greedy_with_penalties_is_token_identical_under_speculation(models, penalty_references,  # noqa: F811
                                                                     drafter, setting):

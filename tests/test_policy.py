@@ -79,3 +79,16 @@ def test_expected_tokens_matches_the_worked_example():
     # position 0 accepted 4 of 5, position 1 accepted 3 of the 4 that reached it
     assert policy.conditional_acceptance() == pytest.approx([0.8, 0.75], abs=0.02)
     assert policy.expected_tokens(2) == pytest.approx(1 + 0.8 + 0.6, abs=0.03)
+
+
+def test_auto_with_levels_counts_positions_from_the_level_and_cost_from_its_rows():
+    """A draft-tree proposer (lookahead 4,3,4: 16 rows verify 2 positions) offers off or its full size:
+    the tokens come from 2 positions, the cost from 1 + 16 tokens per sequence."""
+    policy = AutoPolicy(16, memory_then_compute_bound, explore_every=10**9, levels=[(0, 0), (16, 2)])
+    for _ in range(400):
+        policy.observe(2, 2)                       # every step accepts both positions: 3 tokens per step
+    assert policy.expected_tokens(2) == pytest.approx(3.0, abs=0.1)      # the prior still weighs a little
+    # batch 1: 17 tokens cost 40 ms like 1 -> on; batch 16: 16 * 17 * 2 ms = 544 ms for 3x the tokens -> off
+    assert policy.choose_k(1, 100) == 16
+    assert policy.choose_k(16, 100) == 0
+    assert {policy.choose_k(batch, 100) for batch in (1, 2, 4, 8, 16, 32)} <= {0, 16}

@@ -3,7 +3,9 @@
 For every drafter (n-gram lookup; a draft model with the target's own weights, which
 the target accepts almost always; a different random draft model, which it almost
 never accepts; layer_skip:1; suffix, whose global cache drafts later requests from earlier
-responses) and k in {1, 3, 5}, on a tiny random fp32 target:
+responses; lookahead, whose k picks its sizes W,N,G = 1,2,1 / 3,3,3 / 5,4,5, so draft trees
+of several candidates and a Jacobi window go through the same checks) and k in {1, 3, 5},
+on a tiny random fp32 target:
 
   - at batch 1 and inside a continuous batch whose requests have mixed prompt and
     output lengths, join while others run, and include requests that opt out of
@@ -52,7 +54,7 @@ PROMPTS = [   # (text, max_tokens): mixed prompt and output lengths, repeats for
     ("Numbers: 12345, 2024-06-01, 3.14159", 19),
 ]
 BATCH_ONE_PROMPTS = [0, 2, 3]   # indices into PROMPTS (the continuous batch runs them all)
-DRAFTERS = ["ngram", "draft_same", "draft_other", "layer_skip", "suffix"]
+DRAFTERS = ["ngram", "draft_same", "draft_other", "layer_skip", "suffix", "lookahead"]
 SLOW = pytest.mark.slow
 
 
@@ -79,8 +81,13 @@ def models(tmp_path_factory):
     target_path = write_tiny_model(root / "target", seed=0, num_layers=TARGET_LAYERS)
     other_path = write_tiny_model(root / "other", seed=7, num_layers=1)
     speculative = {"ngram": "ngram", "draft_same": f"draft:{target_path}", "draft_other": f"draft:{other_path}",
-                   "layer_skip": "layer_skip:1", "suffix": "suffix"}
+                   "layer_skip": "layer_skip:1", "suffix": "suffix", "lookahead": "lookahead"}
     return load_checkpoint(target_path), speculative
+
+
+def speculative_text(speculative: dict, drafter: str, k: int) -> str:
+    """lookahead ignores k: k picks its sizes instead (W = G = k, N = k // 2 + 2)."""
+    return f"lookahead:{k},{k // 2 + 2},{k}" if drafter == "lookahead" else speculative[drafter]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +117,8 @@ def references(models):
 
 def make_engine(models, drafter: str, k: int, **overrides) -> LLMEngine:
     target, speculative = models
-    config = EngineConfig(speculative=speculative[drafter], num_speculative_tokens=k, **{**ENGINE, **overrides})
+    config = EngineConfig(speculative=speculative_text(speculative, drafter, k), num_speculative_tokens=k,
+                          **{**ENGINE, **overrides})
     return LLMEngine(config, target)
 
 
@@ -129,7 +137,7 @@ def check_all_free(engine: LLMEngine) -> None:
     engine.block_manager.check_invariants()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert not engine.block_manager.holders
-    for name in ("pending", "requests"):          # draft model / suffix: per-sequence records
+    for name in ("pending", "requests", "states"):  # draft model / suffix / lookahead: per-sequence records
         assert not getattr(engine.proposer, name, None), "the drafter kept state for finished sequences"
 
 
@@ -247,7 +255,7 @@ def test_greedy_output_equals_the_target_alone_in_a_continuous_batch(models, ref
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_same", pytest.param("draft_other", marks=SLOW), "layer_skip",
-                                     "suffix"])
+                                     "suffix", "lookahead"])
 def test_preemption_under_a_tiny_kv_cache_keeps_output_exact_and_frees_every_block(models, references, drafter):
     # 6 requests of up to ~60 tokens (15 blocks each) against 40 blocks: lookahead is shed and
     # the newest sequences are preempted and recomputed, some more than once
@@ -270,7 +278,8 @@ def test_preemption_under_a_tiny_kv_cache_keeps_output_exact_and_frees_every_blo
     check_counters(engine, outputs)
 
 
-@pytest.mark.parametrize("drafter", [pytest.param("ngram", marks=SLOW), "draft_same", "draft_other", "layer_skip"])
+@pytest.mark.parametrize("drafter", [pytest.param("ngram", marks=SLOW), "draft_same", "draft_other", "layer_skip",
+                                     "lookahead"])
 def test_k_changing_from_step_to_step_keeps_output_exact(models, references, drafter):
     """A k table (the batch size picks k: 5 alone, 2 from 3 sequences on, off from 5) changes k as requests
     join and leave: drafter state kept from a longer or an empty step must still be handled."""
@@ -297,8 +306,9 @@ def test_switching_drafters_between_requests_on_one_engine(models, references):
     engine = make_engine(models, "ngram", 3)
     expected = references["outputs"]
     text, max_tokens = PROMPTS[0]
-    for drafter, k in [("ngram", 3), ("layer_skip", 2), ("draft_same", 4), (None, 4), ("draft_other", 1)]:
-        engine.set_speculative(None if drafter is None else models[1][drafter], k)
+    for drafter, k in [("ngram", 3), ("layer_skip", 2), ("lookahead", 3), ("draft_same", 4), (None, 4),
+                       ("draft_other", 1)]:
+        engine.set_speculative(None if drafter is None else speculative_text(models[1], drafter, k), k)
         outputs = run(engine, [(0, f"{drafter}-{k}", text, greedy(max_tokens))])
         assert outputs[f"{drafter}-{k}"][-1].output_token_ids == expected[0], drafter
 
@@ -333,7 +343,7 @@ def real_reference(real_llm):
 # SmolLM2-135M was not trained for early exit: its first 8 / 15 / 22 / 26 of 30 layers draft tokens the
 # target accepts ~0% / 3% / 9% / 22% of the time (greedy, code and chat prompts), so layer_skip uses 26
 @pytest.mark.integration
-@pytest.mark.parametrize("speculative, k", [("ngram", 4), ("layer_skip:26", 3)])
+@pytest.mark.parametrize("speculative, k", [("ngram", 4), ("layer_skip:26", 3), ("lookahead", 4)])
 def test_greedy_exact_on_the_default_model(real_llm, real_reference, speculative, k):
     engine = real_llm.engine
     expected = real_reference

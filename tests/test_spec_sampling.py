@@ -21,7 +21,7 @@ p_draft == p_target, every draft accepted), draft_near (the target's weights plu
 sampled drafts from a different distribution, about a third accepted), layer_skip:1, suffix (one-hot),
 eagle and medusa (heads fitted for a few steps to the target's greedy text, tests/head_training.py:
 sampled drafts, some accepted), eagle_vocab (the EAGLE head drafting from a draft vocabulary: p_draft
-is 0 outside it).
+is 0 outside it), lookahead (one-hot draft trees of up to 3 candidates, verified by the trie walk).
 
 With max_tokens=4 and k >= 2 the first verification step (after the prefill token)
 carries 2 drafts, so tokens 2 and 3 come from draft positions 0 and 1, from a
@@ -71,7 +71,7 @@ SETTINGS = {
     "top_k_top_p": dict(temperature=1.3, top_k=10, top_p=0.9),
 }
 DRAFTERS = ["ngram", pytest.param("draft_same", marks=pytest.mark.slow), "draft_near", "layer_skip", "suffix",
-            "eagle", "medusa", "eagle_vocab"]
+            "eagle", "medusa", "eagle_vocab", "lookahead"]
 
 
 def write_tiny_model(directory: Path, seed: int, num_layers: int, noise: float = 0.0, noise_seed: int = 1) -> Path:
@@ -94,7 +94,8 @@ class Setup:
         near_path = write_tiny_model(root / "near", seed=0, num_layers=2, noise=DRAFT_NOISE)
         self.target = load_checkpoint(self.target_path)
         self.speculative = {"ngram": NGRAM, "draft_same": f"draft:{self.target_path}",
-                            "draft_near": f"draft:{near_path}", "layer_skip": "layer_skip:1", "suffix": "suffix"}
+                            "draft_near": f"draft:{near_path}", "layer_skip": "layer_skip:1", "suffix": "suffix",
+                            "lookahead": "lookahead:3,3,3"}
         model = build_model(self.target, torch.float32, "cpu", 128)
         self.runner = ModelRunner(model, num_blocks=256 * 32, block_size=BLOCK_SIZE, dtype=torch.float32)
         self.prompt, self.ngram_acceptance = self.ngram_friendly_prompt()
@@ -120,12 +121,13 @@ class Setup:
             rows.append(logits_to_probs(logits, SamplingTensors.from_params([params] * count, 1)).double())
         return torch.cat(rows)
 
-    def tuple_probs(self, params: SamplingParams) -> dict[tuple[int, ...], float]:
+    def tuple_probs(self, params: SamplingParams, prompt: list[int] | None = None) -> dict[tuple[int, ...], float]:
         """P(first DEPTH tokens = t) for every tuple t of probability >= ENUMERATION_FLOOR (plain decoding)."""
+        prompt = self.prompt if prompt is None else prompt
         probs = {(): 1.0}
         for _ in range(DEPTH):
             prefixes = [(prefix, mass) for prefix, mass in probs.items() if mass >= ENUMERATION_FLOOR]
-            rows = self.next_probs([self.prompt + list(prefix) for prefix, _ in prefixes], params)
+            rows = self.next_probs([prompt + list(prefix) for prefix, _ in prefixes], params)
             probs = {}
             for (prefix, mass), row in zip(prefixes, rows):
                 joint = row * mass
@@ -175,15 +177,20 @@ def test_exact_tuple_probabilities_are_a_distribution(setup):
         assert len([p for p in probs.values() if p * NUM_SEEDS >= 5]) >= 10, f"{name}: too few tuples to test"
 
 
-def sample(setup: Setup, speculative: str | None) -> tuple[dict[str, list[tuple]], LLMEngine, SpecStats]:
-    """NUM_SEEDS requests per setting in one engine; first DEPTH tokens of each, and the summed per-request stats."""
+def sample(setup: Setup, speculative: str | None, prompt: list[int] | None = None,
+           watch=None) -> tuple[dict[str, list[tuple]], LLMEngine, SpecStats]:
+    """NUM_SEEDS requests per setting in one engine; first DEPTH tokens of each, and the summed per-request stats.
+    watch(proposal) sees every proposal."""
     num_requests = NUM_SEEDS * len(SETTINGS)
     engine = LLMEngine(EngineConfig(dtype="float32", speculative=speculative, num_speculative_tokens=K, block_size=BLOCK_SIZE,
                                     num_kv_blocks=num_requests * 12 + 16, max_model_len=128,
                                     max_num_batched_tokens=8192, max_num_seqs=num_requests), setup.target)
+    if watch is not None:
+        propose = engine.proposer.propose
+        engine.proposer.propose = lambda seqs, budgets: watch(propose(seqs, budgets))
     request_ids = {}
     for name, setting in SETTINGS.items():
-        request_ids[name] = [engine.add_request(setup.prompt, SamplingParams(
+        request_ids[name] = [engine.add_request(setup.prompt if prompt is None else prompt, SamplingParams(
             **setting, seed=seed, max_tokens=MAX_TOKENS, ignore_eos=True)) for seed in range(NUM_SEEDS)]
     finished = {}
     while engine.has_unfinished():
@@ -240,6 +247,46 @@ def test_speculative_sampling_has_the_target_distribution(setup, drafter):
     assert (per_request.drafts, per_request.draft_tokens, per_request.accepted_tokens,
             per_request.accepted_per_position) == (stats.drafts, stats.draft_tokens, stats.accepted_tokens,
                                                    stats.accepted_per_position)
+
+
+def several_candidates_prompt(setup: Setup) -> list[int]:
+    """The prompt with, after its first token, "t u v" for the 3 likeliest first tokens t and, after each, the
+    3 likeliest second tokens u (v: the likeliest after them), least likely first: once the first output
+    token is one of the t, lookahead's pool holds 3 candidates after it, the likeliest newest."""
+    plain = SamplingParams(temperature=1.0)
+    firsts = setup.next_probs([setup.prompt], plain)[0].topk(3).indices.tolist()
+    seconds = setup.next_probs([setup.prompt + [t] for t in firsts], plain).topk(3, dim=1).indices.tolist()
+    pairs = [(t, u) for t, us in zip(firsts, seconds) for u in us]
+    thirds = setup.next_probs([setup.prompt + list(pair) for pair in pairs], plain).argmax(dim=1).tolist()
+    inserted = [token for (t, u), v in reversed(list(zip(pairs, thirds))) for token in (t, u, v)]
+    return setup.prompt[:1] + inserted + setup.prompt[1:]
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["exact", "broken_recovery"])
+def test_lookahead_tries_of_several_candidates_have_the_target_distribution(setup, monkeypatch, broken):
+    """Draft tries with several children of the last token: the multi-draft walk, later siblings accepted
+    after earlier ones were rejected, and their K/V moved into place; the same chi-square check, which
+    rejects decisively when the recovered token comes from the target instead of the residual."""
+    if broken:
+        monkeypatch.setattr(rejection, "RESIDUAL_MASS_FLOOR", 2.0)      # every residual counts as empty
+    prompt = several_candidates_prompt(setup)
+    roots = Counter()
+
+    def watch(proposal):
+        for tree in proposal.trees or []:
+            if tree is not None:
+                roots[sum(parent == -1 for parent in tree.parents)] += 1
+        return proposal
+
+    samples, engine, _ = sample(setup, "lookahead:2,3,4", prompt, watch)
+    assert sum(count for children, count in roots.items() if children >= 3) >= NUM_SEEDS, roots
+    assert 0 < engine.stats.accepted_tokens < engine.stats.draft_tokens
+    p_values = [chi_square_p_value(samples[name], setup.tuple_probs(SamplingParams(**setting), prompt))
+                for name, setting in SETTINGS.items()]
+    if broken:
+        assert min(p_values) < BROKEN_SIGNIFICANCE, p_values
+    else:
+        assert min(p_values) > SIGNIFICANCE, p_values
 
 
 def accept_everything(target_probs, draft_token_ids, draft_probs, greedy, uniforms):

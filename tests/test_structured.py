@@ -63,18 +63,20 @@ def test_greedy_json_output_validates(plain, name):
     jsonschema.validate(json.loads(output.text), SCHEMAS[name])
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_same", "layer_skip"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft_same", "layer_skip", "lookahead"])
 def test_greedy_json_is_token_identical_under_speculation(models, plain, drafter, monkeypatch):  # noqa: F811
     checked = []
     fit = grammar_drafts.fit_to_grammars
 
     def checking_fit(proposal, seqs, budgets, processing):
         fitted = fit(proposal, seqs, budgets, processing)
-        for seq, drafts in zip(seqs, fitted.draft_token_ids):
-            matcher = processing.matcher(seq)
+        for row, (seq, drafts) in enumerate(zip(seqs, fitted.draft_token_ids)):
+            matcher, tree = processing.matcher(seq), fitted.tree(row)
+            paths = [drafts] if tree is None else [tree.path_tokens(leaf) for leaf in tree.leaves()]
             if matcher is not None:
-                assert matcher.valid_prefix(drafts) == len(drafts), "a draft outside the grammar was verified"
-                checked.append(len(drafts))
+                for path in paths:
+                    assert matcher.valid_prefix(path) == len(path), "a draft outside the grammar was verified"
+                checked.append(sum(map(len, paths)))
         return fitted
     monkeypatch.setattr("specwise.engine.llm_engine.fit_to_grammars", checking_fit)
     engine = drafting_engine(models, drafter, k=4)

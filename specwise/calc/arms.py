@@ -4,6 +4,7 @@ An arm is written METHOD[:KEY=VALUE,...], for example
     off
     ngram:k=4,alpha=0.6
     suffix:k=8,from=results/eval1,arm=suffix-k8
+    lookahead:w=4,n=3,g=4,from=results/eval1
     draft:k=4,alpha=0.8,drafter=qwen2.5-0.5b
     eagle:positions=0.8/0.6/0.45,cost=0.05
     draft:policy=1=5/32=3/128=0,alpha=0.8,drafter=llama-3.2-1b
@@ -14,7 +15,11 @@ evaluate results directory, with arm = its arm name, default this arm's name); d
 (share of steps that carry drafts, default 1, or as measured with from); drafting
 cost: drafter (catalog model or config.json on the same GPUs) | cost (relative to a target
 decode step), none needed by the model-free ngram and suffix (drafting on the CPU); budget (drafter KV tokens per sequence); overhead_ms (per verification
-step); name.
+step); name; lookahead only: w, n, g (its window, n-gram size and candidates, as the
+engine's defaults): k is its prompt-lookup candidate's length (default 4), it verifies up to
+max(k, n - 1) positions, and a step costs 1 + (w + g)(n - 1) + max(0, k - (n - 1)) tokens per
+sequence (ExtraRowsCost), nothing else to say about drafting; from= defaults to evaluate's
+arm name lookahead-wWnNgG-kK.
 """
 
 import dataclasses
@@ -23,16 +28,18 @@ from dataclasses import dataclass, field
 from specwise.calc.acceptance import Acceptance, alpha_from_acceptance_rate, measured_acceptance
 from specwise.calc.catalog import get_model
 from specwise.calc.deployment import Deployment
-from specwise.calc.drafter import DraftCost, ModelDraftCost, NoDraftCost, RelativeDraftCost
+from specwise.calc.drafter import DraftCost, ExtraRowsCost, ModelDraftCost, NoDraftCost, RelativeDraftCost
 from specwise.calc.roofline import RooflineCost
 from specwise.engine.spec_decode.k_table import KTable
+from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 DEFAULT_K = 4             # as the engine's --num-speculative-tokens
 MODEL_FREE = ("ngram", "suffix")    # drafters with no model: drafting costs no GPU time
 KEYS = ("k", "policy", "alpha", "positions", "rate", "from", "arm", "drafted", "drafter", "cost", "budget",
-        "overhead_ms", "name")
+        "overhead_ms", "name", "w", "n", "g")
+LOOKAHEAD_KEYS = ("w", "n", "g")
 
 
 @dataclass
@@ -98,7 +105,19 @@ def build_arm(method: str, keys: dict[str, str], target: StepCostModel, deployme
         if keys:
             raise ConfigError(f"arm {text!r}: 'off' takes no keys")
         return OFF
+    lookahead = _lookahead(text, method, keys)
     policy = _policy(text, keys)
+    if lookahead is not None:
+        depth = max(lookahead.lookahead_ngram - 1, lookahead.num_speculative_tokens)
+        lookahead_name = "lookahead-w{}n{}g{}-k{}".format(lookahead.lookahead_window, lookahead.lookahead_ngram,
+                                                           lookahead.lookahead_candidates,
+                                                           lookahead.num_speculative_tokens)
+        if "from" in keys and "arm" not in keys and "name" not in keys:
+            keys = {**keys, "arm": lookahead_name}          # evaluate's name for this arm
+        policy = policy if "policy" in keys else KTable.fixed(depth)
+        if policy.max_k > depth:
+            raise ConfigError(f"arm {text!r}: lookahead verifies at most max(k, n - 1) = {depth} drafts per step, "
+                              f"a policy of k = {policy.max_k} asked")
     acceptance = _acceptance(text, method, keys, policy)
     if "drafted" in keys:
         fraction = _number(text, keys, "drafted")
@@ -106,10 +125,31 @@ def build_arm(method: str, keys: dict[str, str], target: StepCostModel, deployme
     if policy is None:
         measured = [a.max_k for a in acceptance.values() if a.max_k is not None]
         policy = KTable.fixed(min(measured) if measured else DEFAULT_K)
-    draft, drafter = _draft_cost(text, method, keys, target, deployment)
-    name = keys.get("name") or (f"{method}-k{policy.steps[0][1]}" if policy.is_fixed else f"{method}-adaptive")
+    if lookahead is not None:
+        draft, drafter = ExtraRowsCost(target, lookahead.step_rows), None
+        name = keys.get("name") or lookahead_name
+    else:
+        draft, drafter = _draft_cost(text, method, keys, target, deployment)
+        name = keys.get("name") or (f"{method}-k{policy.steps[0][1]}" if policy.is_fixed else f"{method}-adaptive")
     return SpecArm(name=name, method=method, policy=policy, acceptance=acceptance, draft=draft,
                    overhead_s=_number(text, keys, "overhead_ms", 0.0) / 1e3, drafter=drafter)
+
+
+def _lookahead(text: str, method: str, keys: dict) -> SpeculativeConfig | None:
+    """Lookahead's sizes from w, n, g (the engine's defaults and ranges); None for other methods."""
+    given = [key for key in LOOKAHEAD_KEYS if key in keys]
+    if method != "lookahead":
+        if given:
+            raise ConfigError(f"arm {text!r}: {', '.join(given)} apply to lookahead arms only")
+        return None
+    if "drafter" in keys or "cost" in keys:
+        raise ConfigError(f"arm {text!r}: lookahead drafts in the target's own forward: no drafter or cost")
+    sizes = {key: _number(text, keys, key, kind=int) for key in given}
+    default = SpeculativeConfig("lookahead")
+    return SpeculativeConfig("lookahead", _number(text, keys, "k", DEFAULT_K, kind=int),
+                             lookahead_window=sizes.get("w", default.lookahead_window),
+                             lookahead_ngram=sizes.get("n", default.lookahead_ngram),
+                             lookahead_candidates=sizes.get("g", default.lookahead_candidates))
 
 
 def _parse_keys(text: str, rest: str) -> dict[str, str]:

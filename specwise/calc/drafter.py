@@ -3,6 +3,9 @@
 DraftCost gives the seconds to propose k tokens for every sequence of a batch:
   NoDraftCost        n-gram prompt lookup: no GPU work (its CPU time goes in the arm's overhead)
   RelativeDraftCost  each draft token costs `cost` x one target decode step (EAGLE/Medusa heads, what-ifs)
+  ExtraRowsCost      rows fed beside the k verified drafts in the same forward (lookahead decoding's
+                     Jacobi window and its other candidates): the step's growth from 1 + k to
+                     1 + (W + G)(N - 1) tokens per sequence
   ModelDraftCost     a draft model on the same GPUs, run k times autoregressively; with
                      `kv_budget` it attends to at most that many cached tokens per sequence
                      (MagicDec's StreamingLLM-style self-speculation)
@@ -57,6 +60,26 @@ class RelativeDraftCost(DraftCost):
 
     def prefill_time(self, prompt_lens) -> float:
         return self.cost * self.target.prefill_time(prompt_lens) if self.cost else 0.0
+
+
+class ExtraRowsCost(DraftCost):
+    """A step that verifies k drafts but feeds `rows` positions after each sequence's last token
+    (lookahead: rows = (W + G)(N - 1), k = N - 1): the extra rows cost what they add to the forward."""
+
+    def __init__(self, target: StepCostModel, rows: int):
+        if rows < 1:
+            raise ConfigError(f"rows per step must be >= 1, got {rows}")
+        self.target, self.rows = target, rows
+        self.description = f"{rows} rows per sequence in the verification forward (lookahead)"
+
+    def draft_times(self, batch_size, k, total_context, budget_context) -> np.ndarray:
+        if k == 0 or self.rows <= k:
+            return np.zeros(np.shape(total_context))
+        return (self.target.step_times(batch_size, 1 + self.rows, total_context)
+                - self.target.step_times(batch_size, 1 + k, total_context))
+
+    def prefill_time(self, prompt_lens) -> float:
+        return 0.0
 
 
 class ModelDraftCost(DraftCost):

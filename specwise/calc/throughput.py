@@ -20,6 +20,7 @@ import numpy as np
 
 from specwise.calc.arms import MODEL_FREE, SpecArm, build_arm
 from specwise.calc.deployment import Deployment
+from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
@@ -40,6 +41,10 @@ class ThroughputConfig:
     draft_kv_budget: int | None = field(default=None, metadata={
         "help": "drafter attends to at most this many cached tokens (MagicDec-style)"})
     spec_overhead_ms: float = field(default=0.0, metadata={"help": "fixed cost per verification step, ms"})
+    lookahead: str | None = field(default=None, metadata={
+        "help": "with --method lookahead: its sizes W,N,G (default: the engine's); --k is its prompt-lookup "
+                "candidate's length, and a step feeds 1 + (W + G)(N - 1) + max(0, k - (N - 1)) tokens per "
+                "sequence"})
     batch_sizes: str | None = field(default=None, metadata={
         "help": "batch sizes to tabulate, e.g. 1,8,64 (default: powers of 2 up to the KV limit)"})
     max_num_seqs: int = field(default=1024, metadata={"help": "largest batch the server allows"})
@@ -51,11 +56,16 @@ class ThroughputConfig:
 
     def arm(self, target: StepCostModel, deployment: Deployment) -> SpecArm:
         keys = {"k": str(self.k), "overhead_ms": str(self.spec_overhead_ms)}
+        if self.method == "lookahead":
+            sizes = SpeculativeConfig.parse(f"lookahead:{self.lookahead}" if self.lookahead else "lookahead", self.k)
+            keys.update(w=str(sizes.lookahead_window), n=str(sizes.lookahead_ngram), g=str(sizes.lookahead_candidates))
+        elif self.lookahead is not None:
+            raise ConfigError("--lookahead W,N,G applies to --method lookahead only")
         for key, value in (("alpha", self.alpha), ("positions", self.positions), ("drafter", self.drafter),
                            ("cost", self.draft_cost), ("budget", self.draft_kv_budget)):
             if value is not None:
                 keys[key] = str(value).replace(",", "/")
-        if self.drafter is None and self.draft_cost is None and self.method not in MODEL_FREE:
+        if self.drafter is None and self.draft_cost is None and self.method not in MODEL_FREE + ("lookahead",):
             raise ConfigError("say what drafting costs: --drafter MODEL or --draft-cost FRACTION")
         return build_arm(self.method, keys, target, deployment)
 

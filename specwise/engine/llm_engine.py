@@ -69,10 +69,13 @@ class LLMEngine:
             raise RuntimeError("change speculation only while no request is in flight")
         self.runner.feature_observers = []          # the previous drafter's, if it read features
         context = ProposerContext(self.runner, self.tokenizer, self.dtype, self.config.device, self.max_model_len)
-        self.proposer = build_proposer(SpeculativeConfig.parse(speculative, num_speculative_tokens), context)
+        spec_config = SpeculativeConfig.parse(speculative, num_speculative_tokens)
+        self.proposer = build_proposer(spec_config, context)
         self.config.speculative, self.config.num_speculative_tokens = speculative, num_speculative_tokens
-        self.num_speculative_tokens = num_speculative_tokens if self.proposer else 0
-        self.policy = build_policy(self.config, self.num_speculative_tokens, self.runner, self.max_model_len)
+        # the most rows a sequence feeds after its last token: k, or a draft tree's rows (lookahead)
+        self.num_speculative_tokens = spec_config.step_rows if self.proposer else 0
+        self.policy = build_policy(self.config, self.num_speculative_tokens, self.runner, self.max_model_len,
+                                   self.proposer)
         self.step_k = self.num_speculative_tokens     # the policy's choice for the current step
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -162,7 +165,10 @@ class LLMEngine:
     def _draft_budget(self, seq: Sequence) -> int:
         if self.proposer is None or not seq.sampling_params.speculative:
             return 0
-        room = min(seq.sampling_params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1
+        positions = self.max_model_len - len(seq) - 1          # slots left before the context is full
+        room = min(seq.sampling_params.max_tokens - seq.num_output_tokens - 1, positions)
+        if getattr(self.proposer, "budget_counts_rows", False):    # a draft tree's rows (proposer.py)
+            room = positions
         return max(0, min(self.step_k, room))
 
     def _choose_k(self) -> int:
@@ -189,7 +195,7 @@ class LLMEngine:
         if not emitted:                                  # a prompt chunk short of the prompt's end
             seq.num_computed_tokens += batch.num_new_tokens[index]
             return None
-        num_drafted = 0 if proposal is None else len(proposal.draft_token_ids[index])
+        num_drafted = 0 if proposal is None else proposal.num_drafted(index)
         if num_drafted:
             seq.spec.record(num_drafted, len(emitted) - 1)
             self.stats.record(num_drafted, len(emitted) - 1)

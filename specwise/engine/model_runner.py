@@ -19,10 +19,12 @@ import torch
 
 from specwise.engine.outputs import TokenLogprob
 from specwise.engine.sampling.logits_processors import LogitsProcessing, Row
-from specwise.engine.sampling.rejection import greedy_accept, rejection_sample
+from specwise.engine.sampling.rejection import (greedy_accept, rejection_sample, tree_greedy_accept,
+                                                tree_rejection_sample)
 from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, request_generator
 from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
+from specwise.engine.spec_decode.draft_tree import DraftTree
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
 from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk
@@ -62,18 +64,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
-                num_logits: list[int], num_layers: int | None = None) -> torch.Tensor:
+                num_logits: list[int], num_layers: int | None = None,
+                trees: list[DraftTree | None] | None = None) -> torch.Tensor:
         """Run the model over the runs token_ids[i] (at positions start_positions[i]...);
         returns logits of the last num_logits[i] positions of each run, flat and in order,
-        [sum(num_logits), vocab_size] fp32."""
-        hidden = self.hidden_states(token_ids, start_positions, block_tables, num_layers)
+        [sum(num_logits), vocab_size] fp32.
+
+        trees[i] (a decoding sequence's draft tree, spec_decode/draft_tree.py): run i is then the
+        last token followed by the tree's rows, at the tree's positions and with its mask."""
+        hidden = self.hidden_states(token_ids, start_positions, block_tables, num_layers, trees)
         return self.logits_at(hidden, [len(run) for run in token_ids], num_logits)
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
-                      num_layers: int | None = None) -> torch.Tensor:
+                      num_layers: int | None = None, trees: list[DraftTree | None] | None = None) -> torch.Tensor:
         """The final-normed hidden state (feature) of every fed token, [sum(len(run)), hidden]."""
-        input_ids, positions, metadata = self.prepare(token_ids, start_positions, block_tables)
+        input_ids, positions, metadata = self.prepare(token_ids, start_positions, block_tables, trees)
         kv_caches = self.kv_caches if num_layers is None else self.kv_caches[:num_layers]
         return self.model(input_ids, positions, kv_caches, metadata, num_layers)
 
@@ -86,43 +92,56 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]   # [sum(num_logits), hidden]
         return self.model.compute_logits(hidden)
 
-    def prepare(self, token_ids, start_positions, block_tables):
+    def prepare(self, token_ids, start_positions, block_tables, trees=None):
         """Flat index tensors of one step, built on the host (no size is read back from the device):
         input_ids and positions [sum(len(run))] and the attention metadata. A drafter that runs its
         own layers over this runner's block layout (eagle.py) builds its steps with it too."""
+        trees = trees or [None] * len(token_ids)
         offsets = torch.arange(self.block_size)
-        new_slots, prefills, cached, row = [], [], {}, 0
-        for run, start, table in zip(token_ids, start_positions, block_tables):
-            # the cache slot of every position 0 .. start + len(run) - 1, on the host
+        new_slots, prefills, cached, positions, row = [], [], {}, [], 0
+        for run, start, table, tree in zip(token_ids, start_positions, block_tables, trees):
+            # the cache slot of every position 0 .. start + len(run) - 1, on the host (a tree's rows:
+            # the slots after the last token's, in row order, see draft_tree.py)
             context = (torch.tensor(table).unsqueeze(1) * self.block_size + offsets).view(-1)[:start + len(run)]
             new_slots.append(context[start:])
+            if tree is None:
+                positions.extend(range(start, start + len(run)))
+            else:
+                if len(run) != 1 + tree.num_rows:
+                    raise ValueError(f"a tree sequence feeds its last token and {tree.num_rows} rows, got {len(run)}")
+                positions.extend([start] + [start + 1 + offset for offset in tree.position_offsets()])
             if start == 0:
                 prefills.append(PrefillChunk(row, row + len(run)))
             else:
-                cached.setdefault(len(run), []).append((row, start, context))
+                visible = None if tree is None else tree.attention_mask(start + 1)
+                cached.setdefault((len(run), tree is not None), []).append((row, start, context, visible))
             row += len(run)
         groups = [self._group(q_len, members[index:index + GROUP_SIZE])
-                  for q_len, seqs in cached.items()
+                  for (q_len, _), seqs in cached.items()
                   for members in [sorted(seqs, key=lambda seq: len(seq[2]))]
                   for index in range(0, len(members), GROUP_SIZE)]
         device = self.device
-        positions = [start + offset for run, start in zip(token_ids, start_positions) for offset in range(len(run))]
         input_ids = torch.tensor([token for run in token_ids for token in run], device=device)
         metadata = AttentionMetadata(torch.cat(new_slots).to(device), prefills, groups)
         return input_ids, torch.tensor(positions, device=device), metadata
 
-    def _group(self, q_len: int, members: list[tuple[int, int, torch.Tensor]]) -> CachedGroup:
-        """members: (first query row, start position, context slots) of sequences with q_len queries."""
-        context_len = max(len(context) for _, _, context in members)
+    def _group(self, q_len: int, members: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]) -> CachedGroup:
+        """members: (first query row, start position, context slots, visibility [q_len, len(context)] or None
+        for the causal run) of sequences with q_len queries."""
+        context_len = max(len(context) for _, _, context, _ in members)
         slots = torch.zeros(len(members), context_len, dtype=torch.long)     # padding reads slot 0, masked
-        for index, (_, _, context) in enumerate(members):
+        for index, (_, _, context, _) in enumerate(members):
             slots[index, :len(context)] = context
-        rows = torch.tensor([row + j for row, _, _ in members for j in range(q_len)])
+        rows = torch.tensor([row + j for row, _, _, _ in members for j in range(q_len)])
         bias = None
-        if q_len > 1 or any(len(context) < context_len for _, _, context in members):
+        if q_len > 1 or any(len(context) < context_len for _, _, context, _ in members):
             # query j of a sequence starting at s sits at position s + j and sees keys 0 .. s + j
-            visible_until = torch.tensor([[start + j for j in range(q_len)] for _, start, _ in members])
+            visible_until = torch.tensor([[start + j for j in range(q_len)] for _, start, _, _ in members])
             visible = torch.arange(context_len).view(1, 1, -1) <= visible_until.unsqueeze(2)
+            for index, (_, _, context, custom) in enumerate(members):
+                if custom is not None:
+                    visible[index] = False
+                    visible[index, :, :len(context)] = custom
             bias = torch.zeros(visible.shape, dtype=self.kv_cache.dtype).masked_fill(~visible, float("-inf"))
             bias = bias.to(self.device)
         return CachedGroup(rows.to(self.device), slots.to(self.device), bias, q_len)
@@ -132,15 +151,21 @@ class ModelRunner:
         chunk that does not reach the end of its prompt)."""
         seqs = batch.seqs
         draft_token_ids = proposal.draft_token_ids if proposal is not None else [[] for _ in seqs]
-        token_ids = [seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + count] + drafts
-                     for seq, count, drafts in zip(seqs, batch.num_new_tokens, draft_token_ids)]
+        trees = [None if proposal is None else proposal.tree(index) for index in range(len(seqs))]
+        for index, tree in enumerate(trees):
+            if tree is not None and tree.num_rows > batch.num_draft_tokens[index]:
+                raise ValueError(f"a draft tree of {tree.num_rows} rows exceeds the "
+                                 f"{batch.num_draft_tokens[index]} slots reserved for it")
+        token_ids = [seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + count] +
+                     (drafts if tree is None else tree.token_ids)
+                     for seq, count, drafts, tree in zip(seqs, batch.num_new_tokens, draft_token_ids, trees)]
         emitting = [index for index in range(len(seqs)) if batch.samples(index)]
         num_logits = [0] * len(seqs)
         for index in emitting:
-            num_logits[index] = 1 + len(draft_token_ids[index])
+            num_logits[index] = len(token_ids[index]) - batch.num_new_tokens[index] + 1
         prompt_rows = [self._prompt_rows(seq, count) for seq, count in zip(seqs, batch.num_new_tokens)]
         starts = [seq.num_computed_tokens for seq in seqs]
-        hidden = self.hidden_states(token_ids, starts, [seq.block_table for seq in seqs])   # [rows, hidden]
+        hidden = self.hidden_states(token_ids, starts, [seq.block_table for seq in seqs], trees=trees)  # [rows, hidden]
         if self.feature_observers:
             features = StepFeatures(seqs, starts, [len(run) for run in token_ids], hidden)
             for observe in self.feature_observers:
@@ -152,9 +177,10 @@ class ModelRunner:
         emitted = [[] for _ in seqs]
         if emitting:
             tokens = self.verify(logits, [seqs[i] for i in emitting], [draft_token_ids[i] for i in emitting],
-                                 proposal, emitting)
+                                 proposal, emitting, [trees[i] for i in emitting])
             for index, row_tokens in zip(emitting, tokens):
                 emitted[index] = row_tokens
+            self._move_accepted_kv([seqs[i] for i in emitting], [trees[i] for i in emitting])
         return emitted
 
     def _prompt_rows(self, seq: Sequence, count: int) -> int:
@@ -181,41 +207,108 @@ class ModelRunner:
         return logits[torch.tensor(sampled, dtype=torch.long, device=logits.device)]
 
     def verify(self, logits: torch.Tensor, seqs: list[Sequence], draft_token_ids: list[list[int]],
-               proposal: Proposal | None, batch_rows: list[int]) -> list[list[int]]:
-        """logits [sum(1 + k_i), vocab]: each sequence's 1 + k_i positions in order -> emitted tokens.
+               proposal: Proposal | None, batch_rows: list[int],
+               trees: list[DraftTree | None] | None = None) -> list[list[int]]:
+        """logits [sum(1 + rows_i), vocab]: each sequence's last token and its 1 + k_i drafts (a chain) or
+        its tree's rows, in order -> emitted tokens.
 
         Position j of sequence i is processed (penalties, grammar, ...) as if drafts 0..j-1 were
-        accepted: the distribution plain decoding would sample there once they are emitted."""
-        lengths = [1 + len(drafts) for drafts in draft_token_ids]
+        accepted: the distribution plain decoding would sample there once they are emitted; a tree
+        node's row as if the path to it were. A tree's free rows only give their argmax back."""
+        trees = trees or [None] * len(seqs)
+        lengths = [1 + len(drafts) if tree is None else 1 + tree.num_rows
+                   for drafts, tree in zip(draft_token_ids, trees)]
         starts = [0, *itertools.accumulate(lengths)]
-        rows = [Row(seq, drafts[:j]) for seq, drafts in zip(seqs, draft_token_ids) for j in range(1 + len(drafts))]
-        logits = self.processing.apply(logits, rows)                                     # [sum(1 + k_i), vocab]
-        if all(seq.sampling_params.greedy for seq in seqs):
-            argmax = logits.argmax(dim=-1).tolist()
-            emitted = greedy_accept([argmax[start:end] for start, end in zip(starts, starts[1:])], draft_token_ids)
-        else:
-            width = max(lengths)
-            index = torch.tensor([[start + min(j, length - 1) for j in range(width)]
-                                  for start, length in zip(starts, lengths)], device=self.device)
-            target_probs = self.distribution(logits[index], seqs)                        # [n, 1 + max_k, vocab]
-            draft_probs = None
-            if proposal is not None and width > 1:
-                padded = proposal.padded_draft_probs(width - 1, target_probs.shape[2], self.device)
-                draft_probs = None if padded is None else padded[torch.tensor(batch_rows, device=self.device)]
-            generators = [self.generator(seq) for seq in seqs]
-            greedy = [seq.sampling_params.greedy for seq in seqs]
-            emitted = rejection_sample(target_probs, draft_token_ids, draft_probs, greedy, generators)
-        self._record_logprobs(logits, seqs, starts, emitted)
+        scored, rows = [], []          # logits rows that are verified, and how each is processed
+        for seq, drafts, tree, start in zip(seqs, draft_token_ids, trees, starts):
+            if tree is None:
+                scored.extend(range(start, start + 1 + len(drafts)))
+                rows.extend(Row(seq, drafts[:j]) for j in range(1 + len(drafts)))
+            else:
+                tree.argmax = logits[start + 1:start + 1 + tree.num_rows].argmax(dim=-1).tolist()
+                scored.extend(range(start, start + 1 + tree.num_nodes))
+                rows.extend([Row(seq, [])] + [Row(seq, tree.path_tokens(node)) for node in range(tree.num_nodes)])
+        if len(scored) < logits.shape[0]:
+            logits = logits[torch.tensor(scored, device=self.device)]
+        logits = self.processing.apply(logits, rows)                             # [sum(1 + k_i or nodes), vocab]
+        num_scored = [1 + len(drafts) if tree is None else 1 + tree.num_nodes
+                      for drafts, tree in zip(draft_token_ids, trees)]
+        starts = [0, *itertools.accumulate(num_scored)]
+        chains = [i for i, tree in enumerate(trees) if tree is None]
+        emitted: list[list[int]] = [[] for _ in seqs]
+        token_rows: list[list[int]] = [[] for _ in seqs]      # logits row of each emitted token
+        if chains:
+            chain_logits = logits[torch.tensor([row for i in chains for row in range(starts[i], starts[i + 1])],
+                                               device=self.device)] if len(chains) < len(seqs) else logits
+            chain_tokens = self._verify_chains(chain_logits, [seqs[i] for i in chains],
+                                               [draft_token_ids[i] for i in chains], proposal,
+                                               [batch_rows[i] for i in chains])
+            for i, tokens in zip(chains, chain_tokens):
+                emitted[i] = tokens
+                token_rows[i] = list(range(starts[i], starts[i] + len(tokens)))
+        for i, tree in enumerate(trees):
+            if tree is None:
+                continue
+            seq, tree_logits = seqs[i], logits[starts[i]:starts[i + 1]]                # [1 + nodes, vocab]
+            if seq.sampling_params.greedy:
+                emitted[i], tree.accepted = tree_greedy_accept(tree_logits.argmax(dim=-1).tolist(),
+                                                               tree.token_ids, tree.parents)
+            else:
+                probs = self.distribution(tree_logits.unsqueeze(0), [seq])[0]          # [1 + nodes, vocab]
+                emitted[i], tree.accepted = tree_rejection_sample(probs, tree.token_ids, tree.parents,
+                                                                  self.generator(seq))
+            token_rows[i] = [starts[i]] + [starts[i] + 1 + node for node in tree.accepted]
+        self._record_logprobs(logits, seqs, token_rows, emitted)
         return emitted
 
-    def _record_logprobs(self, logits: torch.Tensor, seqs: list[Sequence], starts: list[int],
+    def _verify_chains(self, logits: torch.Tensor, seqs: list[Sequence], draft_token_ids: list[list[int]],
+                       proposal: Proposal | None, batch_rows: list[int]) -> list[list[int]]:
+        """The chain sequences' processed logits [sum(1 + k_i), vocab] -> emitted tokens."""
+        lengths = [1 + len(drafts) for drafts in draft_token_ids]
+        starts = [0, *itertools.accumulate(lengths)]
+        if all(seq.sampling_params.greedy for seq in seqs):
+            argmax = logits.argmax(dim=-1).tolist()
+            return greedy_accept([argmax[start:end] for start, end in zip(starts, starts[1:])], draft_token_ids)
+        width = max(lengths)
+        index = torch.tensor([[start + min(j, length - 1) for j in range(width)]
+                              for start, length in zip(starts, lengths)], device=self.device)
+        target_probs = self.distribution(logits[index], seqs)                            # [n, 1 + max_k, vocab]
+        draft_probs = None
+        if proposal is not None and width > 1:
+            padded = proposal.padded_draft_probs(width - 1, target_probs.shape[2], self.device)
+            draft_probs = None if padded is None else padded[torch.tensor(batch_rows, device=self.device)]
+        generators = [self.generator(seq) for seq in seqs]
+        greedy = [seq.sampling_params.greedy for seq in seqs]
+        return rejection_sample(target_probs, draft_token_ids, draft_probs, greedy, generators)
+
+    def _move_accepted_kv(self, seqs: list[Sequence], trees: list[DraftTree | None]) -> None:
+        """Copy the accepted tree nodes' K/V from their rows' slots to the slots of their positions
+        (len(seq) + depth), every layer at once; nodes already in place are skipped."""
+        sources, targets = [], []
+        for seq, tree in zip(seqs, trees):
+            if tree is None:
+                continue
+            base = len(seq)                  # before the engine appends the emitted tokens
+            for depth, node in enumerate(tree.accepted):
+                if node != depth:
+                    sources.append(self.slot(seq, base + node))
+                    targets.append(self.slot(seq, base + depth))
+        if sources:
+            source = torch.tensor(sources, device=self.device)
+            moved = self.kv_cache.index_select(3, source)                   # [layers, 2, kv_heads, n, head_dim]
+            self.kv_cache.index_copy_(3, torch.tensor(targets, device=self.device), moved)
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def _record_logprobs(self, logits: torch.Tensor, seqs: list[Sequence], token_rows: list[list[int]],
                          emitted: list[list[int]]) -> None:
-        """Logprobs of emitted token j come from position j: the target's processed logits there."""
+        """Logprobs of emitted token j come from its row token_rows[i][j]: the target's processed logits there."""
         self.step_logprobs = {}
-        for seq, start, tokens in zip(seqs, starts, emitted):
+        for seq, rows, tokens in zip(seqs, token_rows, emitted):
             if seq.sampling_params.logprobs is not None:
-                self.step_logprobs[seq.seq_id] = token_logprobs(logits[start:start + len(tokens)], tokens,
-                                                                seq.sampling_params.logprobs)
+                index = torch.tensor(rows[:len(tokens)], device=logits.device)
+                self.step_logprobs[seq.seq_id] = token_logprobs(logits[index], tokens, seq.sampling_params.logprobs)
 
     def probs(self, logits: torch.Tensor, seqs: list[Sequence],
               drafts_before: list[list[int]] | None = None) -> torch.Tensor:

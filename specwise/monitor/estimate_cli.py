@@ -22,6 +22,8 @@ from specwise.monitor.logs import read_log
 from specwise.monitor.replay import NgramDrafter
 
 NOT_YET = {"suffix": "the suffix-tree drafter", "eagle": "EAGLE heads", "medusa": "Medusa heads"}
+# drafters whose drafts come from the target's own forward at each step: a log cannot be replayed for them
+NOT_REPLAYABLE = {"lookahead": "lookahead decoding drafts from the target's own forward at every step"}
 
 
 @dataclass
@@ -55,6 +57,9 @@ class EstimateConfig:
         if name in NOT_YET:
             raise ConfigError(f"{self.method}: not available yet: estimate cannot replay {NOT_YET[name]} over a "
                               f"log; use ngram, draft:PATH or layer_skip:L (or measure it with specwise evaluate)")
+        if name in NOT_REPLAYABLE:
+            raise ConfigError(f"{self.method}: estimate cannot replay it from a log: {NOT_REPLAYABLE[name]}; "
+                              f"measure it with specwise evaluate --methods off,{name}")
         self.spec = SpeculativeConfig.parse(self.method, self.k)
         if self.spec is None:
             raise ConfigError("--method must name a drafter, not none/off")

@@ -1,12 +1,14 @@
 """Arms: what is compared side by side.
 
-In-process methods, `--methods off,ngram,suffix,draft:PATH,layer_skip:L,eagle[:DIR],medusa[:DIR]`
-(eagle / medusa without DIR: the built-in head for the target); an optional `@k`
-suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise
---num-speculative-tokens applies. Endpoints, `--endpoint NAME=URL` (repeatable); the
-method is read from the name (`vllm-off`, `sglang-eagle`, `ngram`...), "http" if none.
+In-process methods, `--methods off,ngram,suffix,lookahead:W,N,G,draft:PATH,layer_skip:L,eagle[:DIR],
+medusa[:DIR]` (eagle / medusa without DIR: the built-in head for the target); an optional `@k`
+suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise --num-speculative-tokens
+applies (for lookahead: its prompt-lookup candidate's length; the arm is named
+lookahead-wWnNgG-kK). Endpoints, `--endpoint NAME=URL` (repeatable); the method is read from
+the name (`vllm-off`, `sglang-eagle`, `ngram`, `trtllm-lookahead`...), "http" if none.
 """
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -14,12 +16,15 @@ from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS, Speculati
 from specwise.errors import ConfigError
 
 _OFF_WORDS = ("off", "base", "baseline", "nospec", "no-spec", "plain")
+# one method per match: lookahead:W,N,G keeps its commas, anything else ends at a comma
+_METHOD = re.compile(r"\s*lookahead\s*:\s*\d+\s*,\s*\d+\s*,\s*\d+[^,]*|[^,]+", re.IGNORECASE)
 
 
 @dataclass
 class ArmSpec:
     name: str
-    method: str             # off, ngram, suffix, draft, layer_skip, eagle, medusa; http (an endpoint of unknown method)
+    method: str             # off, ngram, suffix, lookahead, draft, layer_skip, eagle, medusa; http (an endpoint of
+                            # unknown method)
     spec: str | None        # engine drafter string ("ngram", "draft:PATH", ...); None = off
     k: int | None           # draft tokens per step; 0 for off; None if unknown (endpoints)
     url: str | None = None
@@ -29,7 +34,7 @@ class ArmSpec:
 
 
 def parse_methods(text: str, default_k: int) -> list[ArmSpec]:
-    arms = [_method_arm(part.strip(), default_k) for part in text.split(",") if part.strip()]
+    arms = [_method_arm(part.strip(), default_k) for part in _METHOD.findall(text) if part.strip()]
     if not arms:
         raise ConfigError("--methods: give at least one method, e.g. off,ngram")
     return _unique(arms)
@@ -52,7 +57,7 @@ def infer_method(name: str) -> str:
     words = name.lower().replace("_", "-").split("-")
     if any(word in _OFF_WORDS for word in words):
         return "off"
-    for method in ("ngram", "suffix", "draft", "eagle", "medusa"):
+    for method in ("ngram", "suffix", "lookahead", "draft", "eagle", "medusa"):
         if any(word.startswith(method) for word in words):
             return method
     return "layer_skip" if "layer-skip" in name.lower().replace("_", "-") else "http"
@@ -64,6 +69,9 @@ def _method_arm(text: str, default_k: int) -> ArmSpec:
     if spec.strip().lower() in ("off", "none"):
         return ArmSpec(name="off", method="off", spec=None, k=0)
     parsed = SpeculativeConfig.parse(spec, k)               # the engine's own check of the drafter text
+    if parsed.method == "lookahead":
+        sizes = (parsed.lookahead_window, parsed.lookahead_ngram, parsed.lookahead_candidates, k)
+        return ArmSpec(name="lookahead-w{}n{}g{}-k{}".format(*sizes), method="lookahead", spec=parsed.label, k=k)
     argument = spec.partition(":")[2]
     label = parsed.method if not argument else f"{parsed.method}-{Path(argument).name or argument}"
     return ArmSpec(name=f"{label}-k{k}", method=parsed.method, spec=spec, k=k)

@@ -45,7 +45,8 @@ def _recommendation(recommendation: Recommendation) -> str:
         status = "pays somewhere in this run" if config["pays"] else "did not pay in this run"
         parts.append(f"<h3>{_e(config['spec'])} (k={config['k']}, {status})</h3>")
         for label, key in (("vLLM", "vllm_args"), ("vLLM with a batch-size &rarr; k table", "vllm_dynamic_args"),
-                           ("SGLang", "sglang")):
+                           ("SGLang", "sglang"), ("TensorRT-LLM (LLM API)", "trtllm"),
+                           ("trtllm-serve --extra_llm_api_options YAML", "trtllm_yaml")):
             if config.get(key):
                 parts.append(f"<p>{label}:</p><pre>{_e(config[key])}</pre>")
         for note in dict.fromkeys(n for n in (config.get("vllm_note"), config.get("sglang_note")) if n):

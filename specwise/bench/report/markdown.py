@@ -63,6 +63,9 @@ def _config_lines(config: dict) -> list[str]:
                   "```", config["vllm_dynamic_args"], "```", ""]
     if config.get("sglang"):
         lines += ["SGLang:", "", "```", config["sglang"], "```", ""]
+    if config.get("trtllm"):
+        lines += ["TensorRT-LLM (LLM API; trtllm-serve: the YAML in --extra_llm_api_options):", "", "```",
+                  config["trtllm"], "```", "", "```yaml", config["trtllm_yaml"], "```", ""]
     lines += [f"_{note}_" for note in (config.get("vllm_note"), config.get("sglang_note")) if note]
     return lines + [""]
 

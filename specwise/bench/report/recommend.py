@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from specwise.bench.load.arrivals import LoadPoint
-from specwise.bench.report.server_configs import batch_size_table, sglang_flags, vllm_config
+from specwise.bench.report.server_configs import batch_size_table, sglang_flags, trtllm_config, vllm_config
 from specwise.bench.report.summary import Summary
 from specwise.bench.stats.paired import MIN_PAIRS
 
@@ -287,7 +287,7 @@ def _configs(summary: Summary, verdicts: list[ArmVerdict]) -> list[dict]:
         k = max(pairs, key=lambda pair: _first_speedup(pair[1]))[0]
         configs.append({"spec": spec, "method": method, "k": k, "pays": any(v.ranges for _, v in pairs),
                         "batch_size_table": table, **vllm_config(spec, method, k, table),
-                        **sglang_flags(spec, method, k)})
+                        **sglang_flags(spec, method, k), **trtllm_config(spec, method)})
     return configs
 
 

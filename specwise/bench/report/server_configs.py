@@ -9,6 +9,10 @@ Suffix decoding: vLLM `{"method": "suffix", "num_speculative_tokens": k,
 "suffix_decoding_max_tree_depth": D}` (vLLM bounds its global cache in requests,
 `suffix_decoding_max_cached_requests`, not tokens: left at its default, 0 where ours was off);
 SGLang `--speculative-algorithm SUFFIX --speculative-num-draft-tokens k+1`.
+Lookahead decoding: vLLM and SGLang have none; TensorRT-LLM's LLM API takes
+`speculative_config=LookaheadDecodingConfig(max_window_size=W, max_ngram_size=N,
+max_verification_set_size=G)` (our W, N, G), also given to trtllm-serve as
+`speculative_config: {decoding_type: Lookahead, ...}` in --extra_llm_api_options.
 SGLang: `--speculative-algorithm NGRAM | STANDALONE` with a chain of k drafts:
 `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
 (the draft-token count includes the verified root token).
@@ -27,7 +31,9 @@ _OWN_FORMAT = ("specwise's {} heads are in its own format; vLLM ({}) and SGLang{
 NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
                                       "the closest there is a small draft model or EAGLE heads.",
                         "eagle": _OWN_FORMAT.format("EAGLE", "method eagle", " (EAGLE)"),
-                        "medusa": _OWN_FORMAT.format("Medusa", "method medusa", " (no Medusa)")}
+                        "medusa": _OWN_FORMAT.format("Medusa", "method medusa", " (no Medusa)"),
+                        "lookahead": "vLLM and SGLang have no lookahead decoding; TensorRT-LLM has it "
+                                     "(config below); the closest in vLLM/SGLang is ngram (prompt lookup)."}
 
 
 def batch_size_table(arms, max_batch: int) -> list[list[int]]:
@@ -95,3 +101,15 @@ def _vllm_base(spec: str, method: str, k: int) -> dict | None:
     if method in _VLLM_METHODS and argument:
         return {"method": _VLLM_METHODS[method], "model": argument, "num_speculative_tokens": k}
     return None
+
+
+def trtllm_config(spec: str, method: str) -> dict:
+    """TensorRT-LLM's configuration for the drafters it has that vLLM and SGLang lack (lookahead)."""
+    if method != "lookahead":
+        return {"trtllm": None}
+    sizes = SpeculativeConfig.parse(spec, 1)
+    window, ngram, candidates = sizes.lookahead_window, sizes.lookahead_ngram, sizes.lookahead_candidates
+    return {"trtllm": (f"speculative_config=LookaheadDecodingConfig(max_window_size={window}, "
+                       f"max_ngram_size={ngram}, max_verification_set_size={candidates})"),
+            "trtllm_yaml": (f"speculative_config:\n  decoding_type: Lookahead\n  max_window_size: {window}\n"
+                            f"  max_ngram_size: {ngram}\n  max_verification_set_size: {candidates}")}

@@ -29,6 +29,22 @@ Worked example (greedy): the target's argmax at positions 0..3 is [5, 7, 2, 9].
 Drafts [5, 7, 3] -> accept 5 and 7, reject 3, recover 2: emit [5, 7, 2].
 Drafts [5, 7, 2] -> accept all three, bonus 9: emit [5, 7, 2, 9].
 Drafts []        -> emit [5].
+
+Token tries (several one-hot candidates at once, `spec_decode/draft_tree.py`): the walk starts
+at the sequence's last token and, at each node, tries its children in order, each against the
+residual of the ones rejected before it (multi-draft rejection sampling for one-hot drafts):
+
+  - child x is accepted with probability p_res(x) / sum(p_res), where p_res starts as the
+    target's distribution at the node; accepting moves the walk to x (a fresh p_res there);
+  - a rejected x gets p_res(x) = 0; when every child is rejected, the recovered token is
+    sampled from p_res (greedy rows: the target's argmax, which matches no child);
+  - at a leaf the bonus token is sampled from the target's distribution there.
+
+Each child passes with exactly its conditional probability given that its earlier siblings
+failed, so every token is emitted with the target's probability: lossless, as for a chain,
+which is the trie with one child per node (same uniforms, same tokens: node j of a chain is
+tested with uniform j and the final token uses uniform num_nodes). A sampled tree draws
+num_nodes + 1 uniforms per step from the request's generator, whatever the path.
 """
 
 import torch
@@ -179,3 +195,65 @@ def _check_batch(num_seqs, max_k, vocab_size, draft_token_ids, draft_probs, gree
     if draft_probs is not None and tuple(draft_probs.shape) != (num_seqs, max_k, vocab_size):
         raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, "
                          f"expected {(num_seqs, max_k, vocab_size)}")
+
+
+def tree_greedy_accept(target_token_ids: list[int], token_ids: list[int],
+                       parents: list[int]) -> tuple[list[int], list[int]]:
+    """Greedy walk of a token trie: target_token_ids [1 + num_nodes] is the target's argmax after the
+    last token (entry 0) and after each node (entry 1 + node). Returns (emitted tokens, accepted nodes)."""
+    children = _children(parents)
+    node, accepted = -1, []
+    while True:
+        target = target_token_ids[node + 1]
+        child = next((c for c in children[node] if token_ids[c] == target), None)
+        if child is None:
+            return [token_ids[n] for n in accepted] + [target], accepted
+        accepted.append(child)
+        node = child
+
+
+def tree_rejection_sample(target_probs: torch.Tensor, token_ids: list[int], parents: list[int],
+                          generator: torch.Generator) -> tuple[list[int], list[int]]:
+    """Sampled walk of a one-hot token trie (module docstring).
+
+    target_probs [1 + num_nodes, vocab_size]: after the last token (row 0) and after each node
+    (row 1 + node), from logits_to_probs. Returns (emitted tokens, accepted nodes)."""
+    num_nodes = len(parents)
+    if target_probs.shape[0] != num_nodes + 1:
+        raise ValueError(f"target_probs has {target_probs.shape[0]} rows for a trie of {num_nodes} nodes")
+    uniforms = torch.rand(num_nodes + 1, generator=generator, device=generator.device).tolist()
+    children = _children(parents)
+    node, accepted = -1, []
+    residual = target_probs[0]
+    rejected_any = False
+    while True:
+        mass = 1.0                        # the target's own rows sum to 1: test exactly as the chain does
+        next_node = None
+        for child in children[node]:
+            token = token_ids[child]
+            if uniforms[child] * mass < float(residual[token]):
+                next_node = child
+                break
+            if not rejected_any:
+                residual = residual.clone()
+                rejected_any = True
+            residual[token] = 0.0
+            mass = float(residual.sum())
+        if next_node is None:
+            break
+        accepted.append(next_node)
+        node = next_node
+        residual, rejected_any = target_probs[node + 1], False
+    if rejected_any and float(residual.sum()) <= RESIDUAL_MASS_FLOOR:
+        residual = target_probs[node + 1]
+    final = int(sample_with_uniforms(residual.unsqueeze(0), torch.tensor([uniforms[num_nodes]],
+                                                                          device=residual.device))[0])
+    return [token_ids[n] for n in accepted] + [final], accepted
+
+
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {-1: []}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+        children.setdefault(node, [])
+    return children

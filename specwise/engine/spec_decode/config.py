@@ -9,6 +9,10 @@
                         (see specwise/engine/spec_decode/suffix.py), matches up to 24 tokens deep
     suffix:D            matches up to D tokens deep, e.g. suffix:32
     suffix:D:T          and a global cache of at most T tokens; suffix:24:0 turns the cache off
+    lookahead           lookahead decoding (see specwise/engine/spec_decode/lookahead.py): a Jacobi
+                        window of W columns x N-1 levels and up to G candidate N-grams, verified in
+                        the same forward
+    lookahead:W,N,G     those sizes, e.g. lookahead:4,3,4 (W 0 turns the Jacobi window off)
     eagle               an EAGLE head over the target's features: the built-in one trained for the
                         target (specwise/models/heads/, see specwise/models/builtin_heads.py)
     eagle:DIR           the EAGLE head in DIR (written by `specwise train-drafter --kind eagle`)
@@ -16,7 +20,10 @@
     none / off          no speculation (same as leaving the flag out)
 
 k (`--num-speculative-tokens`) is the most draft tokens per sequence per step, at most
-MAX_SPECULATIVE_TOKENS (the one k bound, in specwise/config.py). This module is torch-free,
+MAX_SPECULATIVE_TOKENS (the one k bound, in specwise/config.py). For lookahead k is the
+longest prompt-lookup candidate (as for ngram); a step feeds up to (W + G)(N - 1) + max(0, k -
+(N - 1)) rows after the last token (`step_rows`), and the k policies choose among those (a
+smaller budget shrinks W and G). This module is torch-free,
 so calc and bench import it.
 The draft path is only checked for text here; the loader reports a missing file.
 """
@@ -27,14 +34,18 @@ from dataclasses import dataclass
 from specwise.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
-METHODS = ("ngram", "draft", "layer_skip", "suffix", "eagle", "medusa")
+METHODS = ("ngram", "draft", "layer_skip", "suffix", "lookahead", "eagle", "medusa")
 HEAD_METHODS = ("eagle", "medusa")      # drafting heads over the target's features; DIR optional
 DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 4     # n-gram sizes of plain `ngram` (why: engine/spec_decode/ngram.py)
 DEFAULT_SUFFIX_DEPTH = 24               # suffix: longest match considered (vLLM's default tree depth)
 DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (<= ~600 bytes each, about 120 MB)
-FORMS = ("ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L, suffix[:DEPTH[:CACHE_TOKENS]], eagle[:DIR] "
-         "or medusa[:DIR]")
+# lookahead: W, N, G chosen by benchmarks/lookahead_speedup.py on the built-in suite (SmolLM2-135M, CPU)
+DEFAULT_LOOKAHEAD_WINDOW, DEFAULT_LOOKAHEAD_NGRAM, DEFAULT_LOOKAHEAD_CANDIDATES = 4, 3, 4
+LOOKAHEAD_WINDOW_RANGE, LOOKAHEAD_NGRAM_RANGE, LOOKAHEAD_CANDIDATES_RANGE = (0, 16), (2, 6), (1, 16)
+FORMS = ("ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L, suffix[:DEPTH[:CACHE_TOKENS]], lookahead[:W,N,G], "
+         "eagle[:DIR] or medusa[:DIR]")
 _NGRAM_SIZES = re.compile(r"(\d+)(?:-(\d+))?")
+_LOOKAHEAD_SIZES = re.compile(r"(\d+),(\d+),(\d+)")
 _SUFFIX_ARGUMENT = re.compile(r"(\d+)(?::(\d+))?")
 
 
@@ -49,6 +60,9 @@ class SpeculativeConfig:
     suffix_max_depth: int = DEFAULT_SUFFIX_DEPTH               # suffix: longest match, tokens
     suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS     # suffix: global cache bound, 0 = off
     head_dir: str | None = None         # eagle / medusa: the head's directory; None = the built-in one
+    lookahead_window: int = DEFAULT_LOOKAHEAD_WINDOW           # lookahead: W, Jacobi window columns
+    lookahead_ngram: int = DEFAULT_LOOKAHEAD_NGRAM             # lookahead: N, n-gram size (N-1 levels)
+    lookahead_candidates: int = DEFAULT_LOOKAHEAD_CANDIDATES   # lookahead: G, candidates verified per step
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -72,6 +86,7 @@ class SpeculativeConfig:
             raise ConfigError(f"suffix:D needs a match depth D >= 2, got {self.suffix_max_depth}")
         if self.suffix_cache_tokens < 0:
             raise ConfigError(f"suffix:D:T needs a cache size T >= 0 tokens, got {self.suffix_cache_tokens}")
+        check_lookahead_sizes(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates)
 
     @classmethod
     def parse(cls, text: str | None, k: int) -> "SpeculativeConfig | None":
@@ -99,7 +114,22 @@ class SpeculativeConfig:
                 return cls("suffix", k)
             depth, cache_tokens = _parse_suffix_argument(argument)
             return cls("suffix", k, suffix_max_depth=depth, suffix_cache_tokens=cache_tokens)
+        if method == "lookahead":
+            if not has_argument:
+                return cls("lookahead", k)
+            window, ngram, candidates = _parse_lookahead_sizes(argument)
+            return cls("lookahead", k, lookahead_window=window, lookahead_ngram=ngram,
+                       lookahead_candidates=candidates)
         raise ConfigError(f"unknown speculative method {text.strip()!r}; use {FORMS}")
+
+    @property
+    def step_rows(self) -> int:
+        """Rows a full step feeds per sequence after its last token: k, or lookahead's
+        (W + G)(N - 1) + max(0, k - (N - 1)) (its prompt lookup candidate may be k long)."""
+        if self.method == "lookahead":
+            return lookahead_rows(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates,
+                                  self.num_speculative_tokens)
+        return self.num_speculative_tokens
 
     @property
     def label(self) -> str:
@@ -112,6 +142,8 @@ class SpeculativeConfig:
             return f"suffix:{self.suffix_max_depth}:{self.suffix_cache_tokens}"
         if self.method in HEAD_METHODS:
             return self.method if self.head_dir is None else f"{self.method}:{self.head_dir}"
+        if self.method == "lookahead":
+            return f"lookahead:{self.lookahead_window},{self.lookahead_ngram},{self.lookahead_candidates}"
         return f"layer_skip:{self.layer_skip_layers}"
 
     def check_num_layers(self, num_layers: int) -> None:
@@ -137,3 +169,28 @@ def _parse_suffix_argument(argument: str) -> tuple[int, int]:
                           f"suffix:24:200000, got suffix:{argument}")
     cache_tokens = DEFAULT_SUFFIX_CACHE_TOKENS if match.group(2) is None else int(match.group(2))
     return int(match.group(1)), cache_tokens
+
+
+def _parse_lookahead_sizes(argument: str) -> tuple[int, int, int]:
+    match = _LOOKAHEAD_SIZES.fullmatch(argument.replace(" ", ""))
+    if match is None:
+        raise ConfigError(f"lookahead sizes must look like lookahead:W,N,G, e.g. lookahead:"
+                          f"{DEFAULT_LOOKAHEAD_WINDOW},{DEFAULT_LOOKAHEAD_NGRAM},{DEFAULT_LOOKAHEAD_CANDIDATES}, "
+                          f"got lookahead:{argument}")
+    window, ngram, candidates = map(int, match.groups())
+    return window, ngram, candidates
+
+
+def check_lookahead_sizes(window: int, ngram: int, candidates: int) -> None:
+    """ConfigError naming the allowed range when W, N or G is outside it."""
+    for name, value, (low, high) in (("W (window)", window, LOOKAHEAD_WINDOW_RANGE),
+                                     ("N (n-gram size)", ngram, LOOKAHEAD_NGRAM_RANGE),
+                                     ("G (candidates)", candidates, LOOKAHEAD_CANDIDATES_RANGE)):
+        if not low <= value <= high:
+            raise ConfigError(f"lookahead:W,N,G needs {name} in {low}..{high}, got {value}")
+
+
+def lookahead_rows(window: int, ngram: int, candidates: int, k: int) -> int:
+    """Rows a full lookahead step feeds after the last token: the window's W(N - 1), G candidates of
+    N - 1 tokens, and prompt lookup's candidate up to k long. lookahead_rows(4, 3, 4, 4) = 8 + 8 + 2 = 18."""
+    return (window + candidates) * (ngram - 1) + max(0, k - (ngram - 1))

@@ -9,6 +9,7 @@ from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.draft_model import DraftModelProposer
 from specwise.engine.spec_decode.eagle import EagleProposer
 from specwise.engine.spec_decode.layer_skip import LayerSkipProposer
+from specwise.engine.spec_decode.lookahead import LookaheadProposer
 from specwise.engine.spec_decode.medusa import MedusaProposer
 from specwise.engine.spec_decode.ngram import NgramProposer
 from specwise.engine.spec_decode.policy import AutoPolicy, StaticPolicy, StepCost, TablePolicy
@@ -25,6 +26,9 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
         return NgramProposer(config.ngram_min_n, config.ngram_max_n)
     if config.method == "suffix":
         return SuffixProposer(config.suffix_max_depth, config.suffix_cache_tokens)
+    if config.method == "lookahead":
+        return LookaheadProposer(config.lookahead_window, config.lookahead_ngram, config.lookahead_candidates,
+                                 config.num_speculative_tokens)
     if config.method == "layer_skip":
         return LayerSkipProposer(context, config.layer_skip_layers)
     if config.method == "eagle":
@@ -34,15 +38,17 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
     return DraftModelProposer(context, config.draft_model)
 
 
-def build_policy(config: EngineConfig, max_k: int, runner: ModelRunner, max_model_len: int):
+def build_policy(config: EngineConfig, max_k: int, runner: ModelRunner, max_model_len: int,
+                 proposer: Proposer | None = None):
     """The k-per-step policy named by `--speculative-policy` (static / table:... / auto);
-    static when nothing drafts (max_k = 0)."""
+    static when nothing drafts (max_k = 0). A proposer whose k counts rows names auto's levels."""
     text = config.speculative_policy
     if text == "static" or max_k == 0:
         return StaticPolicy(max_k)
     if text.startswith("table:"):
         return TablePolicy.parse(text.removeprefix("table:"), max_k)
-    return AutoPolicy(max_k, step_cost_model(config, max_k, runner, max_model_len))
+    levels = proposer.auto_levels(max_k) if hasattr(proposer, "auto_levels") else None
+    return AutoPolicy(max_k, step_cost_model(config, max_k, runner, max_model_len), levels=levels)
 
 
 def step_cost_model(config: EngineConfig, max_k: int, runner: ModelRunner, max_model_len: int) -> StepCost:

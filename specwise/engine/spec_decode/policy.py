@@ -18,6 +18,13 @@ Worked example: c = [0.8, 0.6], verify_time(1, 1) = 40 ms, verify_time(1, 3) = 5
 no drafting cost. k=0: 1 / 0.040 = 25 tok/s. k=2: (1 + 0.8 + 0.48) / 0.050 = 45.6 tok/s.
 At batch 64 with verify_time(64, 1) = 400 ms and verify_time(64, 3) = 1300 ms:
 k=0: 160 tok/s; k=2: 64 * 2.28 / 1.3 = 112 tok/s, so auto turns speculation off.
+
+A draft-tree proposer's k counts rows, not draft positions (lookahead 2,3,2 at k 4: 10 rows
+verify at most 4 positions). It names the budgets auto chooses among and the positions
+each verifies (`auto_levels`, e.g. [(0, 0), (10, 4)]): tokens per step come from the
+positions, the step's cost from the rows. Lookahead offers off and its full size, since what
+a smaller window or fewer candidates would accept is not measured; a `table:` policy shrinks
+W and G by batch size instead (k = rows, e.g. table:1=10/4=6/16=0).
 """
 
 from dataclasses import dataclass, field
@@ -71,6 +78,7 @@ class AutoPolicy:
     accepted: list[float] = field(default_factory=list)    # [i]: of those, accepted at i
     draft_seconds_per_token: dict[int, float] = field(default_factory=dict)   # batch bucket -> seconds
     steps_off: int = 0
+    levels: list[tuple[int, int]] | None = None    # (k, positions it verifies); None: every k, k positions
 
     def __post_init__(self):
         self.reached = [0.0] * self.max_k
@@ -87,12 +95,14 @@ class AutoPolicy:
             expected += reach
         return expected
 
-    def tokens_per_second(self, k: int, batch_size: int, context_len: int) -> float:
+    def tokens_per_second(self, k: int, batch_size: int, context_len: int, positions: int | None = None) -> float:
         seconds = self.verify_time(batch_size, 1 + k, context_len) + self.draft_time(batch_size, k)
-        return batch_size * self.expected_tokens(k) / max(seconds, 1e-9)
+        return batch_size * self.expected_tokens(k if positions is None else positions) / max(seconds, 1e-9)
 
     def choose_k(self, batch_size: int, context_len: int) -> int:
-        best = max(range(self.max_k + 1), key=lambda k: self.tokens_per_second(k, batch_size, context_len))
+        levels = self.levels or [(k, k) for k in range(self.max_k + 1)]
+        best = max(levels, key=lambda level: self.tokens_per_second(*level[:1], batch_size, context_len,
+                                                                     level[1]))[0]
         self.steps_off = self.steps_off + 1 if best == 0 else 0
         if self.steps_off >= self.explore_every:
             self.steps_off = 0

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from specwise.engine.spec_decode.draft_tree import DraftTree
+
 if TYPE_CHECKING:
     from specwise.engine.sequence import Sequence
 
@@ -28,8 +30,16 @@ class Proposal:
     # per sequence: [len(draft_token_ids[i]), vocab_size], or None for a one-hot draft;
     # None for the whole list when every draft is one-hot
     draft_probs: list[torch.Tensor | None] | None = None
+    # per sequence: a trie of one-hot drafts and free rows fed in the same forward (draft_tree.py)
+    # instead of a chain (its draft_token_ids entry is then empty); None for the whole list: chains only
+    trees: list[DraftTree | None] | None = None
 
     def __post_init__(self):
+        if self.trees is not None:
+            if len(self.trees) != len(self.draft_token_ids):
+                raise ValueError(f"trees has {len(self.trees)} entries for {len(self.draft_token_ids)} sequences")
+            if any(tree is not None and token_ids for tree, token_ids in zip(self.trees, self.draft_token_ids)):
+                raise ValueError("a sequence has both a draft tree and a chain of drafts")
         if self.draft_probs is None:
             return
         if len(self.draft_probs) != len(self.draft_token_ids):
@@ -43,6 +53,20 @@ class Proposal:
     @property
     def num_draft_tokens(self) -> list[int]:
         return [len(token_ids) for token_ids in self.draft_token_ids]
+
+    def tree(self, index: int) -> DraftTree | None:
+        return None if self.trees is None else self.trees[index]
+
+    def num_rows(self, index: int) -> int:
+        """Query rows sequence `index` adds after its last token: its chain, or its tree's rows."""
+        tree = self.tree(index)
+        return len(self.draft_token_ids[index]) if tree is None else tree.num_rows
+
+    def num_drafted(self, index: int) -> int:
+        """Draft tokens counted for sequence `index` once verified: the chain's length, or the length
+        of the tree's candidate that the accepted path followed (DraftTree.drafted)."""
+        tree = self.tree(index)
+        return len(self.draft_token_ids[index]) if tree is None else tree.drafted(tree.accepted or [])
 
     def padded_draft_probs(self, max_k: int, vocab_size: int,
                            device: torch.device | str = "cpu") -> torch.Tensor | None:
@@ -67,7 +91,14 @@ class Proposal:
 
 
 class Proposer(Protocol):
-    """A drafting method. `propose` may return fewer tokens than asked (none at all is fine)."""
+    """A drafting method. `propose` may return fewer tokens than asked (none at all is fine).
+
+    A proposer that returns draft trees may set `budget_counts_rows = True`: num_draft_tokens[i] then
+    counts the rows its tree may feed (bounded only by max_model_len, not by the tokens the request may
+    still emit), and the proposer keeps the tree's depth within those itself (`draft_tree.tokens_left`).
+    Such a proposer may also define `auto_levels(max_k) -> [(k, positions verified)]`, the budgets the
+    auto k policy chooses among (policy.py).
+    """
 
     def propose(self, seqs: "list[Sequence]", num_draft_tokens: list[int]) -> Proposal:
         """Draft up to num_draft_tokens[i] tokens after seqs[i].token_ids."""
