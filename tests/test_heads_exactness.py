@@ -42,8 +42,8 @@ from specwise.models.loader import build_model, load_checkpoint
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 from test_spec_exactness import (BATCH_ONE_PROMPTS, ENGINE, PROMPTS, REAL_PARAMS, REAL_PROMPTS,  # noqa: F401
-                                 TARGET_LAYERS, check_all_free, check_counters, continuous_batch, expected_output,
-                                 greedy, real_llm, real_reference, references, run, write_tiny_model)
+                                 TARGET_LAYERS, check_all_free, check_counters, expected_output, greedy, real_llm,
+                                 real_reference, references, run, run_continuous_batch_exactly, write_tiny_model)
 
 MEDUSA_HEADS = 5
 DRAFTERS = {"eagle": MAX_SPECULATIVE_TOKENS, "medusa": MEDUSA_HEADS}     # drafter -> largest k
@@ -105,16 +105,7 @@ def test_greedy_output_equals_the_target_alone_at_batch_one(models, references, 
 @pytest.mark.parametrize("drafter, k", k_cases())
 def test_greedy_output_equals_the_target_alone_in_a_continuous_batch(models, references, drafter, k):
     engine = make_engine(models, drafter, k)
-    arrivals = continuous_batch(references)
-    outputs = run(engine, arrivals)
-    for _, request_id, _, params in arrivals:
-        final = outputs[request_id][-1]
-        assert final.output_token_ids == expected_output(references, request_id), request_id
-        if not params.speculative:
-            assert final.spec.drafts == 0, f"{request_id} opted out of speculation but was drafted for"
-    for name in ("stop-token", "stop-string"):
-        assert outputs[name][-1].finish_reason == "stop"
-        assert outputs[name][-1].text == references[name][1], name
+    outputs = run_continuous_batch_exactly(engine, references)
     check_drafted(engine)
     check_counters(engine, outputs)
 
@@ -140,10 +131,7 @@ def test_preemption_under_a_tiny_kv_cache_keeps_output_exact(models, references,
 def test_k_changing_from_step_to_step_keeps_output_exact(models, references, drafter):
     """k 5 alone, 2 from 3 sequences on, off from 5: the head's state must survive steps without drafts."""
     engine = make_engine(models, drafter, 5, speculative_policy="table:1=5/3=2/5=0")
-    arrivals = continuous_batch(references)
-    outputs = run(engine, arrivals)
-    for _, request_id, _, _ in arrivals:
-        assert outputs[request_id][-1].output_token_ids == expected_output(references, request_id), request_id
+    outputs = run_continuous_batch_exactly(engine, references)
     check_drafted(engine)
     check_counters(engine, outputs)
 
@@ -159,10 +147,7 @@ def test_a_draft_vocabulary_keeps_output_exact_and_drafts_only_from_it(models, r
         return proposal
 
     engine.proposer.propose = recording_propose
-    arrivals = continuous_batch(references)
-    outputs = run(engine, arrivals)
-    for _, request_id, _, _ in arrivals:
-        assert outputs[request_id][-1].output_token_ids == expected_output(references, request_id), request_id
+    outputs = run_continuous_batch_exactly(engine, references)
     check_drafted(engine)
     check_counters(engine, outputs)
     vocab = set(engine.proposer.lm_head.draft_vocab.tolist())
@@ -171,9 +156,7 @@ def test_a_draft_vocabulary_keeps_output_exact_and_drafts_only_from_it(models, r
 
 def test_a_draft_vocabulary_the_target_never_uses_is_rejected_every_time_yet_exact(models, references):
     engine = make_engine(models, "eagle_unseen", 3)
-    outputs = run(engine, continuous_batch(references))
-    for request_id, steps in outputs.items():
-        assert steps[-1].output_token_ids == expected_output(references, request_id), request_id
+    run_continuous_batch_exactly(engine, references)
     assert engine.stats.draft_tokens > 0 and engine.stats.accepted_tokens == 0
 
 
