@@ -53,7 +53,8 @@ def cached_work(tmp_path_factory, data_file, target):
 
 def settings(out, data_file, **overrides) -> TrainConfig:
     values = dict(kind="eagle", out=str(out), data=str(data_file), dtype="float32", max_tokens=20, epochs=2,
-                  batch_tokens=160, held_out=0.25, warmup_steps=2, checkpoint_every=2, lr=3e-3)
+                  batch_tokens=160, held_out=0.25, warmup_steps=2, checkpoint_every=2, lr=3e-3, unroll=1,
+                  feature_noise=0.0)
     return TrainConfig(**{**values, **overrides})
 
 

@@ -30,26 +30,31 @@ class TrainConfig:
     generation_batch: int = field(default=64, metadata={"help": "prompts generated at once"})
     held_out: float = field(default=0.1, metadata={"help": "fraction of each category's prompts kept for the "
                                                            "acceptance measured each epoch"})
-    epochs: int = field(default=10, metadata={"help": "passes over the training sequences"})
-    batch_tokens: int = field(default=2048, metadata={"help": "tokens per optimizer step (whole sequences)"})
-    lr: float = field(default=1e-3, metadata={"help": "peak AdamW learning rate"})
+    autocast: bool = field(default=True, metadata={
+        "help": "run the training matmuls in bfloat16 (torch.autocast) where the CPU has native bf16 "
+                "instructions; weights and optimizer stay fp32"})
+    epochs: int = field(default=18, metadata={"help": "passes over the training sequences"})
+    batch_tokens: int = field(default=512, metadata={"help": "tokens per optimizer step (whole sequences)"})
+    lr: float = field(default=2e-3, metadata={"help": "peak AdamW learning rate"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    warmup_steps: int = field(default=30, metadata={"help": "linear warm-up steps before the cosine decay"})
+    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps before the cosine decay"})
     clip: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
-    checkpoint_every: int = field(default=50, metadata={"help": "optimizer steps between checkpoints"})
+    checkpoint_every: int = field(default=200, metadata={"help": "optimizer steps between checkpoints"})
     eval_k: int = field(default=4, metadata={"help": "draft tokens per simulated step in the held-out acceptance"})
-    eval_stride: int = field(default=1, metadata={"help": "held-out acceptance drafts from every n-th position"})
+    eval_stride: int = field(default=8, metadata={"help": "held-out acceptance after each epoch but the last drafts "
+                                                           "from every n-th position (the last: from every one)"})
     num_heads: int = field(default=4, metadata={"help": "medusa: heads (the largest k it drafts)"})
     draft_layers: int = field(default=4, metadata={"help": "draft: decoder layers of the draft model (spread over "
                                                            "the target's, copied from it)"})
-    feature_noise: float = field(default=0.0, metadata={"help": "eagle: std of Gaussian noise on input features, "
+    feature_noise: float = field(default=0.1, metadata={"help": "eagle: std of Gaussian noise on input features, "
                                                                 "relative to their RMS"})
-    unroll: int = field(default=1, metadata={"help": "eagle: drafting steps unrolled in training (1: teacher "
+    unroll: int = field(default=2, metadata={"help": "eagle: drafting steps unrolled in training (1: teacher "
                                                      "forcing only; 2-3 feed predicted features back)"})
     feature_weight: float = field(default=1.0, metadata={"help": "eagle: weight of the feature regression "
                                                                  "(smooth L1) next to the token cross entropy"})
-    init_from_target: bool = field(default=True, metadata={
-        "help": "eagle: start the head's decoder layer from the target's last one"})
+    init_from_target: bool = field(default=False, metadata={
+        "help": "eagle: start the head's decoder layer from the target's last one (measured on SmolLM2-135M: "
+                "worse than a random start)"})
 
     def __post_init__(self):
         if self.kind not in KINDS:

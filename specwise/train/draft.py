@@ -18,7 +18,7 @@ from specwise.models.hf_writer import hf_weights, write_hf_dir
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.tokenizer import Tokenizer
 from specwise.train.batch import Batch
-from specwise.train.eagle import draft_argmax
+from specwise.train.eagle import DraftingHead
 from specwise.train.unroll import LayerState, layer_step, rope
 
 
@@ -87,7 +87,7 @@ class DraftObjective:
         for step, hidden in self.steps(batch, k, lambda _: drafts[-1], first_chain + 1):
             if step == 1:
                 hidden = hidden[:, first_chain + 1:]
-            drafts.append(draft_argmax(hidden, self.module.lm_head.weight))      # [1, L - 1 - first_chain]
+            drafts.append(DraftingHead(self.module.lm_head.weight.detach())(hidden))   # [1, L - 1 - first_chain]
         return torch.stack(drafts, dim=-1)[0]                                   # [L - 1 - first_chain, k]
 
     def export(self, out: Path, card: str, training: dict) -> None:

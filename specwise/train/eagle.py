@@ -13,6 +13,7 @@ as the target's choice in the training data (a few thousand of the vocabulary; m
 the full LM head and the same argmax on the data); the held-out acceptance uses the full head.
 """
 
+import copy
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from specwise.models.drafter_checkpoint import DrafterConfig, save_drafter
 from specwise.models.eagle import EagleHead
 from specwise.models.llama import LlamaForCausalLM
+from specwise.models.quantize import OneDNNLinear, compute_dtype
 from specwise.train.batch import Batch
 from specwise.train.unroll import LayerState, layer_step, rope
 
@@ -43,6 +45,7 @@ class EagleObjective:
         self.active_index = torch.full((config.vocab_size,), -1, dtype=torch.long)
         self.active_index[active_vocab] = torch.arange(len(active_vocab))
         self.active_head = self.lm_head[active_vocab]                          # [A, hidden]
+        self.drafting_head = DraftingHead(self.lm_head)
         self.signature = signature
         self.unroll, self.feature_noise, self.feature_weight = unroll, feature_noise, feature_weight
 
@@ -96,11 +99,12 @@ class EagleObjective:
         for step, _, predicted in self.steps(batch, k, lambda *_: drafts[-1], first_chain=first_chain):
             if step == 1:
                 predicted = predicted[:, first_chain:]
-            drafts.append(draft_argmax(predicted, self.lm_head))                # [1, C - first_chain]
+            drafts.append(self.drafting_head(predicted))                       # [1, C - first_chain]
         return torch.stack(drafts, dim=-1)[0]                                  # [C - first_chain, k]
 
     def export(self, out: Path, card: str, training: dict) -> None:
-        save_drafter(out, self.module, DrafterConfig("eagle", self.signature, training=training), card)
+        shipped = copy.deepcopy(self.module).to(torch.bfloat16)            # half the bytes; the engine casts
+        save_drafter(out, shipped, DrafterConfig("eagle", self.signature, training=training), card)
 
 
 def active_vocabulary(target_next: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -110,6 +114,16 @@ def active_vocabulary(target_next: torch.Tensor, vocab_size: int) -> torch.Tenso
     return present.nonzero().squeeze(1)
 
 
-def draft_argmax(features: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-    """features [..., hidden] -> the full LM head's argmax [...], in bf16 as the engine drafts."""
-    return (features.to(torch.bfloat16) @ lm_head.to(torch.bfloat16).T).argmax(-1)
+class DraftingHead:
+    """The full LM head as the engine runs it where it drafts: bf16 through oneDNN (quantize.py) on a
+    CPU with native bf16, else fp32. features [..., hidden] -> argmax token ids [...]."""
+
+    def __init__(self, lm_head: torch.Tensor):
+        self.dtype = compute_dtype("auto", "cpu")
+        self.linear = OneDNNLinear(lm_head, None) if self.dtype == torch.bfloat16 else None
+        self.weight = lm_head
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        if self.linear is None:
+            return (features.float() @ self.weight.T).argmax(-1)
+        return self.linear(features.to(torch.bfloat16)).argmax(-1)

@@ -37,6 +37,7 @@ class Schedule:
     eval_k: int
     eval_stride: int
     seed: int
+    autocast: bool = False
 
 
 @dataclass
@@ -110,7 +111,8 @@ def train(objective: Objective, corpus: Corpus, schedule: Schedule, work: Path, 
                     continue
                 started = time.perf_counter()
                 batch = make_batch(corpus, seqs, objective.needs_features)
-                loss, parts = objective.loss(batch, noise)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=schedule.autocast):
+                    loss, parts = objective.loss(batch, noise)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, schedule.clip)
@@ -129,8 +131,8 @@ def train(objective: Objective, corpus: Corpus, schedule: Schedule, work: Path, 
             done += len(batches)
             if held_seqs and len(state.history) <= epoch:
                 started = time.perf_counter()
-                figures = summary(held_out_acceptance(objective, corpus, held_seqs, schedule.eval_k,
-                                                      schedule.eval_stride))
+                stride = 1 if epoch + 1 == schedule.epochs else schedule.eval_stride    # the last: every position
+                figures = summary(held_out_acceptance(objective, corpus, held_seqs, schedule.eval_k, stride))
                 state.seconds += time.perf_counter() - started
                 state.history.append({"epoch": epoch + 1, "step": state.step, "acceptance": figures})
                 line = ", ".join(f"{name} {f['mean_acceptance_length']:.2f}" for name, f in figures.items())

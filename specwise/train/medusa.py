@@ -6,6 +6,7 @@ is the mean over heads of the cross entropy against those tokens, over the token
 ever chooses in the data (see eagle.py); the held-out acceptance uses the full LM head.
 """
 
+import copy
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from specwise.models.drafter_checkpoint import DrafterConfig, save_drafter
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.medusa import MedusaHeads
 from specwise.train.batch import Batch
-from specwise.train.eagle import draft_argmax
+from specwise.train.eagle import DraftingHead
 
 
 class MedusaObjective:
@@ -28,6 +29,7 @@ class MedusaObjective:
         self.active_index = torch.full((config.vocab_size,), -1, dtype=torch.long)
         self.active_index[active_vocab] = torch.arange(len(active_vocab))
         self.active_head = self.lm_head[active_vocab]                          # [A, hidden]
+        self.drafting_head = DraftingHead(self.lm_head)
         self.signature, self.num_heads = signature, num_heads
 
     def loss(self, batch: Batch, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
@@ -47,8 +49,8 @@ class MedusaObjective:
     @torch.no_grad()
     def chain_drafts(self, batch: Batch, k: int, first_chain: int = 0) -> torch.Tensor:
         predicted = self.module(batch.features[0, first_chain:-1])              # [C - first_chain, heads, hidden]
-        return draft_argmax(predicted[:, :k], self.lm_head)                     # [C - first_chain, k]
+        return self.drafting_head(predicted[:, :k])                             # [C - first_chain, k]
 
     def export(self, out: Path, card: str, training: dict) -> None:
         drafter = DrafterConfig("medusa", self.signature, num_heads=self.num_heads, training=training)
-        save_drafter(out, self.module, drafter, card)
+        save_drafter(out, copy.deepcopy(self.module).to(torch.bfloat16), drafter, card)   # the engine casts

@@ -12,7 +12,7 @@ import torch
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import target_signature
-from specwise.models.loader import Checkpoint, load_checkpoint
+from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.quantize import compute_dtype
 from specwise.train.card import model_card
 from specwise.train.config import TrainConfig
@@ -33,6 +33,7 @@ class Prepared:
     prompts_per_category: dict[str, int]
     data_key: str
     target_name: str
+    checkpoint: Checkpoint
 
 
 def prepare(config: TrainConfig, checkpoint: Checkpoint | None = None) -> Prepared:
@@ -53,11 +54,12 @@ def prepare(config: TrainConfig, checkpoint: Checkpoint | None = None) -> Prepar
     counts: dict[str, int] = {}
     for request in requests:
         counts[request.category] = counts.get(request.category, 0) + 1
-    return Prepared(engine, corpus, counts, key, config.target or Path(checkpoint.path).stem)
+    return Prepared(engine, corpus, counts, key, config.target or Path(checkpoint.path).stem, checkpoint)
 
 
 def build_objective(config: TrainConfig, prepared: Prepared):
-    target = prepared.engine.model
+    # an fp32 copy with plain nn.Linear layers: the engine's may be packed for its kernels (quantize.py)
+    target = build_model(prepared.checkpoint, torch.float32, "cpu", prepared.engine.max_model_len)
     signature = target_signature(target.config, prepared.engine.tokenizer)
     corpus = prepared.corpus
     train_rows = torch.cat([corpus.target_next[corpus.rows(s)] for s in corpus.split(False)])
@@ -87,7 +89,8 @@ def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) ->
     schedule = Schedule(lr=config.lr, weight_decay=config.weight_decay, warmup_steps=config.warmup_steps,
                         clip=config.clip, epochs=config.epochs, batch_tokens=config.batch_tokens,
                         checkpoint_every=config.checkpoint_every, eval_k=config.eval_k,
-                        eval_stride=config.eval_stride, seed=config.seed)
+                        eval_stride=config.eval_stride, seed=config.seed,
+                        autocast=config.autocast and compute_dtype("auto", "cpu") == torch.bfloat16)
     work = out / WORK_DIR
     try:
         state = train(objective, corpus, schedule, work, config.resume, identity(config, prepared.data_key), log)
