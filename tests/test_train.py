@@ -215,6 +215,9 @@ def test_resume_with_other_settings_or_no_checkpoint_is_one_line(tmp_path, cache
     run(settings(out, data_file, epochs=1), target, log=lambda _: None)
     with pytest.raises(ConfigError, match="trained with lr = 0.003, this run has 0.01"):
         run(settings(out, data_file, epochs=1, lr=0.01, resume=True), target, log=lambda _: None)
+    other = tiny_checkpoint(hidden_size=128)
+    with pytest.raises(ConfigError, match=r"trained with target model = .*hidden_size 64.*, this run has .*hidden_size 128"):
+        run(settings(out, data_file, epochs=1, resume=True), other, log=lambda _: None)
     (out / WORK_DIR / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="cannot read the checkpoint"):
         run(settings(out, data_file, epochs=1, resume=True), target, log=lambda _: None)

@@ -1,6 +1,6 @@
 """Prompts to distill on: the built-in training set (`--data suite`) or a user workload file.
 
-The built-in set (data/prompts/<category>.jsonl, written for this project, 316 prompts: chat,
+The built-in set (data/prompts/<category>.jsonl, written for this project, 600 prompts: chat,
 code, math, summarization, translation, extraction) is disjoint from the evaluation suite in
 specwise/bench/inputs/data/suite/, so the acceptance `specwise evaluate` measures there is
 held out by construction. Files use the workload format (bench/inputs/workload_file.py) and are

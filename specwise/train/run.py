@@ -73,10 +73,15 @@ def build_objective(config: TrainConfig, prepared: Prepared):
     return DraftObjective(target, prepared.engine.tokenizer, active, config.draft_layers)
 
 
-def identity(config: TrainConfig, key: str) -> dict:
-    """What a resumed run must share with the checkpoint: every setting that shapes the result."""
+def identity(config: TrainConfig, prepared: Prepared) -> dict:
+    """What a resumed run must share with the checkpoint: the target first (named by its shapes and
+    tokenizer), then every setting that shapes the result, then the data."""
+    config_, tokenizer = prepared.checkpoint.config, prepared.checkpoint.tokenizer
+    signature = target_signature(config_, tokenizer)
+    target = (f"{prepared.target_name} (hidden_size {signature['hidden_size']}, vocab_size {signature['vocab_size']}, "
+              f"{signature['num_hidden_layers']} layers, tokenizer {signature['tokenizer_sha256'][:12]})")
     kept = {name: value for name, value in asdict(config).items() if name not in ("resume", "num_threads", "out")}
-    return {**kept, "data_key": key}
+    return {"target model": target, **kept, "data_key": prepared.data_key}
 
 
 def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) -> Path:
@@ -93,7 +98,7 @@ def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) ->
                         autocast=config.autocast and compute_dtype("auto", "cpu") == torch.bfloat16)
     work = out / WORK_DIR
     try:
-        state = train(objective, corpus, schedule, work, config.resume, identity(config, prepared.data_key), log)
+        state = train(objective, corpus, schedule, work, config.resume, identity(config, prepared), log)
     except KeyboardInterrupt:
         log(f"interrupted: the last checkpoint is kept in {work / CHECKPOINT_FILE}; rerun with --resume to continue")
         raise
