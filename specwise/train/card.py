@@ -28,7 +28,10 @@ def model_card(training: dict) -> str:
              "## Held-out acceptance", "",
              f"Chain drafting of k = {settings['eval_k']} tokens simulated from every response position of the "
              f"held-out sequences, each draft checked by the engine's verifier (greedy). Mean acceptance length "
-             f"= 1 + accepted / drafts (tokens per target step); per position i = drafts that accepted token i.", "",
+             f"= 1 + accepted / drafts (tokens per target step); per position i = drafts that accepted token i. "
+             f"Held-out prompts come from the same prompt set (the built-in one has prompts built from shared "
+             f"templates), so these figures overstate unseen traffic: `benchmarks/drafter_acceptance.py DIR` "
+             f"measures on the evaluation suite.", "",
              "| category | mean acceptance length | acceptance rate | per position | drafts |", "|---|---|---|---|---|"]
     for name, figures in acceptance.items():
         positions = ", ".join(f"{p:.2f}" for p in figures["per_position"])
