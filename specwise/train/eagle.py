@@ -104,7 +104,9 @@ class EagleObjective:
 
     def export(self, out: Path, card: str, training: dict) -> None:
         shipped = copy.deepcopy(self.module).to(torch.bfloat16)            # half the bytes; the engine casts
-        save_drafter(out, shipped, DrafterConfig("eagle", self.signature, training=training), card)
+        # draft_vocab: the tokens it was trained to predict; the engine drafts through just those LM-head rows
+        drafter = DrafterConfig("eagle", self.signature, training=training, draft_vocab=self.active_vocab.tolist())
+        save_drafter(out, shipped, drafter, card)
 
 
 def active_vocabulary(target_next: torch.Tensor, vocab_size: int) -> torch.Tensor:

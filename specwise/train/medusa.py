@@ -26,6 +26,7 @@ class MedusaObjective:
         config = target.config
         self.module = MedusaHeads(config.hidden_size, num_heads).float()
         self.lm_head = target.lm_head.weight.detach().float()                  # [vocab, hidden], frozen
+        self.active_vocab = active_vocab                                       # [A] token ids
         self.active_index = torch.full((config.vocab_size,), -1, dtype=torch.long)
         self.active_index[active_vocab] = torch.arange(len(active_vocab))
         self.active_head = self.lm_head[active_vocab]                          # [A, hidden]
@@ -52,5 +53,7 @@ class MedusaObjective:
         return self.drafting_head(predicted[:, :k])                             # [C - first_chain, k]
 
     def export(self, out: Path, card: str, training: dict) -> None:
-        drafter = DrafterConfig("medusa", self.signature, num_heads=self.num_heads, training=training)
+        # draft_vocab: the tokens it was trained to predict; the engine drafts through just those LM-head rows
+        drafter = DrafterConfig("medusa", self.signature, num_heads=self.num_heads, training=training,
+                                draft_vocab=self.active_vocab.tolist())
         save_drafter(out, copy.deepcopy(self.module).to(torch.bfloat16), drafter, card)   # the engine casts
