@@ -279,11 +279,13 @@ def real_drafters(real_llm, real_texts, tmp_path_factory):
     medusa = fitted_head_dir(root / "medusa", "medusa", checkpoint, model, seen, steps=24,
                              num_heads=REAL_MEDUSA_HEADS)
     draft = write_first_layers_draft(checkpoint, REAL_DRAFT_LAYERS, root / "draft")
-    return {"eagle": f"eagle:{eagle}", "medusa": f"medusa:{medusa}", "draft": f"draft:{draft}"}
+    return {"eagle": f"eagle:{eagle}", "medusa": f"medusa:{medusa}", "draft": f"draft:{draft}",
+            "shipped_eagle": "eagle"}           # the head shipped in specwise/models/heads/
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("drafter, k", [("eagle", 4), ("medusa", REAL_MEDUSA_HEADS), ("draft", 3)])
+@pytest.mark.parametrize("drafter, k", [("eagle", 4), ("medusa", REAL_MEDUSA_HEADS), ("draft", 3),
+                                        ("shipped_eagle", 4)])
 def test_greedy_exact_on_the_default_model(real_llm, real_reference, real_drafters, drafter, k):
     engine = real_llm.engine
     engine.set_speculative(real_drafters[drafter], k)
