@@ -13,6 +13,7 @@ ROOMS = [
     "specwise.calc.cli",
     "specwise.sim.cli",
     "specwise.monitor.cli",
+    "specwise.train.cli",
 ]
 
 

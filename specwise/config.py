@@ -33,7 +33,8 @@ class EngineConfig:
                                         "core; a server may run faster leaving a core to its HTTP loop)"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     speculative: str | None = field(
-        default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L, suffix, lookahead[:W,N,G] (none = off)"})
+        default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L, suffix, lookahead[:W,N,G], "
+                                        "eagle[:DIR], medusa[:DIR] (none = off)"})
     num_speculative_tokens: int = field(default=4, metadata={"help": "draft tokens per step (k, the most with a policy)"})
     speculative_policy: str = field(
         default="static", metadata={"help": "k per step: static, auto (cost model + measured acceptance), "

@@ -28,7 +28,8 @@ def register_generate(subparsers) -> None:
     source.add_argument("--chat", help="a user message; the model's chat template is applied")
     parser.add_argument("--system", help="system message for --chat")
     add_dataclass_args(parser, EngineConfig, exclude=("seed",))   # --seed is the request's
-    add_dataclass_args(parser, SamplingParams, exclude=("speculative", "logit_bias", "logprobs", "structured_output"))
+    add_dataclass_args(parser, SamplingParams, exclude=("speculative", "logit_bias", "logprobs", "prompt_logprobs",
+                                                        "structured_output"))
     parser.set_defaults(handler=run_generate)
 
 

@@ -5,7 +5,9 @@ target's logits before temperature, see `engine/sampling/logits_processors.py`):
 `logit_bias`, `repetition_penalty` (HF / vLLM: over prompt and output tokens), `frequency_penalty`
 and `presence_penalty` (OpenAI: over output tokens), and `structured_output` (a grammar the output
 must follow, `engine/sampling/grammar.py`). `logprobs` asks for the log-probability of each
-generated token and of the `logprobs` most likely ones.
+generated token and of the `logprobs` most likely ones; `prompt_logprobs` the same for every prompt
+token after the first (the target's raw log_softmax at the position before it, delivered with the
+first output).
 """
 
 from dataclasses import dataclass, field
@@ -51,6 +53,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict, metadata={"help": "token id -> added to its logit"})
     logprobs: int | None = field(
         default=None, metadata={"help": "return each token's logprob and this many top alternatives (0..20)"})
+    prompt_logprobs: int | None = field(
+        default=None, metadata={"help": "return each prompt token's logprob and this many top alternatives (0..20)"})
     structured_output: StructuredOutput | None = field(default=None, metadata={"help": "a grammar to follow"})
 
     def __post_init__(self):
@@ -73,8 +77,10 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ConfigError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ConfigError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ConfigError(f"{name} must be in 0..{MAX_LOGPROBS}, got {value}")
 
     @property
     def greedy(self) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 import specwise
 
 PACKAGE = Path(specwise.__file__).parent
-INTERFACES = ("bench", "server", "sim", "calc", "monitor", "cli", "engine_cli", "cli_args")
+INTERFACES = ("bench", "server", "sim", "calc", "monitor", "train", "cli", "engine_cli", "cli_args")
 LOWER_LAYERS = {"engine": INTERFACES, "models": INTERFACES + ("engine",)}
 
 
@@ -109,3 +109,11 @@ def test_python_dash_m_runs_the_command():
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert "evaluate" in result.stdout and "simulate" in result.stdout
+
+
+def test_nothing_imports_the_training_package():
+    """specwise.train is reached only through the command table (cli.py names it as a string)."""
+    graph = import_graph()
+    importers = sorted(module for module, targets in graph.items() if not module.startswith("specwise.train")
+                       and any(target.startswith("specwise.train") for target in targets))
+    assert importers == []

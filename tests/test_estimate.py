@@ -178,7 +178,8 @@ def test_bad_lines_name_file_and_line_or_are_skipped_and_counted(tmp_path, capsy
 
 @pytest.mark.parametrize("method, message", [
     ("suffix", "not available yet"), ("eagle:/models/eagle", "not available yet"),
-    ("medusa", "unknown speculative method"), ("layer_skip:x", "whole number of layers"),
+    ("medusa", "not available yet"), ("tree", "unknown speculative method"),
+    ("layer_skip:x", "whole number of layers"),
 ])
 def test_methods_not_available_give_clear_errors(tmp_path, method, message, capsys):
     assert main(["estimate", "--log", str(tmp_path / "none.jsonl"), "--method", method]) == 2

@@ -29,12 +29,14 @@ CASES = [
     (COMPLETIONS, {"prompt": "x", "seed": -1}, 400, "seed", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "model": "gpt-4"}, 404, "model", "model_not_found"),
     (COMPLETIONS, {"prompt": "x", "n": 99}, 400, "n", "invalid_value"),
-    (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "n": 3, "best_of": 2}, 400, "best_of", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "best_of": 3, "stream": True}, 400, "best_of", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "best_of": 17}, 400, "best_of", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"a": 10}}, 400, "logit_bias", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"50": 1000}}, 400, "logit_bias", "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"99999": 1}}, 400, None, "invalid_value"),
     (COMPLETIONS, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
-    (COMPLETIONS, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "x", "suffix": "y"}, 400, "suffix", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "x", "functions": [{"name": "f"}]}, 400, "functions", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "x", "min_p": 0.1}, 400, "min_p", "invalid_value"),
@@ -106,7 +108,7 @@ def test_openai_client_raises_typed_errors(server):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
     with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model=MODEL, prompt="x", best_of=3)
+        client.completions.create(model=MODEL, prompt="x", n=3, best_of=2)
     assert caught.value.body["param"] == "best_of"
 
 

@@ -23,11 +23,15 @@ from specwise.server.cli import uvicorn_config
 from specwise.server.config import ServerConfig
 
 TINY_ENGINE = dict(dtype="float32", max_model_len=256, num_kv_blocks=96, max_num_seqs=8, speculative="ngram")
+# tools in the system prompt (tool_prompt.py) take about 700 byte tokens
+TOOLS_ENGINE = dict(max_model_len=1536, num_kv_blocks=512)
 MODEL = "tiny"
 
 
 def tiny_engine(**overrides) -> LLMEngine:
-    return LLMEngine(EngineConfig(**{**TINY_ENGINE, **overrides}), tiny_checkpoint())
+    """The tiny engine; a max_model_len over the tiny model's 512 positions lengthens them (same weights)."""
+    config = EngineConfig(**{**TINY_ENGINE, **overrides})
+    return LLMEngine(config, tiny_checkpoint(max_position_embeddings=max(512, config.max_model_len)))
 
 
 class ServerThread:

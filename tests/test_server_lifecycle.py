@@ -1,6 +1,7 @@
 """Graceful shutdown: in-flight requests finish within the shutdown timeout, or are aborted after it."""
 
 import threading
+import time
 
 import httpx
 from test_server_harness import MODEL, ServerThread, engine_idle, sse_payloads, tiny_engine, wait_until
@@ -28,8 +29,16 @@ def start_stream(server: ServerThread, max_tokens: int) -> tuple[threading.Threa
     return thread, first_chunk, result
 
 
-def shut_down_during_stream(shutdown_timeout: float, max_tokens: int):
-    engine = tiny_engine()
+def shut_down_during_stream(shutdown_timeout: float, max_tokens: int, step_delay: float = 0.0):
+    """`step_delay` seconds before every engine step keep the stream running for max_tokens * step_delay
+    seconds at least, however fast the tiny model is and however late this thread gets to stop()."""
+    engine = tiny_engine(speculative=None)
+    step = engine.step
+
+    def slow_step():
+        time.sleep(step_delay)
+        return step()
+    engine.step = slow_step
     server = ServerThread(engine, ServerConfig(served_model_name=MODEL, shutdown_timeout=shutdown_timeout)).start()
     client, first_chunk, result = start_stream(server, max_tokens)
     assert first_chunk.wait(60)
@@ -49,5 +58,5 @@ def test_shutdown_lets_in_flight_stream_finish():
 
 
 def test_shutdown_timeout_aborts_in_flight_stream():
-    result = shut_down_during_stream(shutdown_timeout=0.2, max_tokens=250)
+    result = shut_down_during_stream(shutdown_timeout=0.2, max_tokens=200, step_delay=0.05)
     assert "data: [DONE]" not in result["lines"]

@@ -11,8 +11,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from test_server_harness import MODEL, engine_idle, serve, wait_until
+import torch
+from test_server_harness import MODEL, TOOLS_ENGINE, engine_idle, metric, serve, tiny_engine, wait_until
 
+ECHO_PROMPT = "The cat sat on the"
 USER = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
@@ -46,7 +48,7 @@ CHAT_CASES = {
 
 @pytest.fixture(scope="module")
 def server():
-    with serve() as running:
+    with serve(tiny_engine(**TOOLS_ENGINE)) as running:
         yield running
 
 
@@ -107,7 +109,11 @@ def test_chat_parameter_streamed_with_continuous_usage(client, name):
         for choice in chunk["choices"]:
             delta = choice["delta"]
             texts[choice["index"]] += delta.get("content") or ""
-            calls[choice["index"]] += delta.get("tool_calls") or []
+            for call in delta.get("tool_calls") or []:       # a call's first delta, then argument fragments
+                if call["index"] == len(calls[choice["index"]]):
+                    calls[choice["index"]].append(call)
+                else:
+                    calls[choice["index"]][call["index"]]["function"]["arguments"] += call["function"]["arguments"]
             finish[choice["index"]] = choice["finish_reason"] or finish[choice["index"]]
             logprobs[choice["index"]] += (choice.get("logprobs") or {}).get("content") or []
     choices = [{"message": {"content": text, "tool_calls": call or None}, "finish_reason": reason,
@@ -131,6 +137,56 @@ def test_completions_logprobs_echo_n_best_of(client, stream):
         assert {choice.index for chunk in chunks for choice in chunk.choices} == {0, 1}
         tokens = sum(len(choice.logprobs.tokens) for chunk in chunks for choice in chunk.choices if choice.logprobs)
         assert tokens == 10 and chunks[-1].usage.completion_tokens == 10
+
+
+def test_best_of_returns_the_n_most_likely_candidates(client):
+    """best_of 4, n 2 answers with the two of the four candidates (the choices of n 4, same seeds) whose
+    tokens have the highest cumulative logprob, best first; usage counts all four."""
+    kwargs = dict(model=MODEL, prompt="abc", max_tokens=6, seed=11, temperature=1.0)
+    candidates = client.completions.create(n=4, logprobs=0, **kwargs)
+    ranked = sorted(candidates.choices, key=lambda choice: sum(choice.logprobs.token_logprobs), reverse=True)
+    for logprobs in (0, None):
+        best = client.completions.create(n=2, best_of=4, logprobs=logprobs, **kwargs)
+        assert [choice.text for choice in best.choices] == [choice.text for choice in ranked[:2]]
+        assert [choice.index for choice in best.choices] == [0, 1]
+        assert all((choice.logprobs is None) == (logprobs is None) for choice in best.choices)
+        assert best.usage.completion_tokens == candidates.usage.completion_tokens
+
+
+@pytest.mark.parametrize("choices", [dict(n=3), dict(n=1, best_of=3)])
+def test_metrics_count_the_prompt_once_per_request(server, client, choices):
+    before = server.metrics()
+    response = client.completions.create(model=MODEL, prompt="abcdef", max_tokens=4, temperature=1.0,
+                                         extra_body={"ignore_eos": True}, **choices)
+    after = server.metrics()
+
+    def delta(name):
+        return metric(after, name) - metric(before, name)
+    assert delta("specwise:prompt_tokens_total") == response.usage.prompt_tokens == 7     # BOS + 6 bytes
+    assert delta("specwise:generation_tokens_total") == response.usage.completion_tokens == 12
+
+
+def test_echo_with_logprobs_gives_the_prompt_logprobs_of_a_full_forward(server, client):
+    """The prompt's tokens first (the first with null), equal to one forward over the prompt; streamed the same."""
+    engine = tiny_engine()
+    token_ids = engine.encode(ECHO_PROMPT)
+    reference = torch.log_softmax(engine.runner.forward([token_ids], [0], [list(range(8))], [len(token_ids)]), -1)
+    kwargs = dict(model=MODEL, prompt=ECHO_PROMPT, max_tokens=4, logprobs=2, echo=True, temperature=0)
+    whole = client.completions.create(**kwargs).choices[0]
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    streamed = {key: [value for chunk in chunks for value in getattr(chunk.choices[0].logprobs, key)]
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert "".join(chunk.choices[0].text for chunk in chunks) == whole.text and whole.text.startswith(ECHO_PROMPT)
+    for logprobs in (whole.logprobs.model_dump(), streamed):
+        assert len(logprobs["tokens"]) == len(token_ids) + 4
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        for position, token in enumerate(token_ids[1:]):
+            assert logprobs["token_logprobs"][position + 1] == pytest.approx(reference[position, token].item(),
+                                                                             abs=1e-4)
+            assert len(logprobs["top_logprobs"][position + 1]) <= 2
+        assert logprobs["text_offset"][len(token_ids)] == len(ECHO_PROMPT)     # the output follows the echo
+    assert streamed["tokens"] == whole.logprobs.tokens and streamed["text_offset"] == whole.logprobs.text_offset
+    assert streamed["token_logprobs"][1:] == pytest.approx(whole.logprobs.token_logprobs[1:], abs=1e-4)
 
 
 BAD_STRUCTURED = [

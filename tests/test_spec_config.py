@@ -38,14 +38,14 @@ def test_layer_skip():
         config.check_num_layers(8)
 
 
-@pytest.mark.parametrize("text", ["ngram", "ngram:1-3", "draft:/a/b", "layer_skip:6"])
+@pytest.mark.parametrize("text", ["ngram", "ngram:1-3", "draft:/a/b", "layer_skip:6", "eagle", "medusa:/a/b"])
 def test_label_round_trips(text):
     config = SpeculativeConfig.parse(text, 4)
     assert SpeculativeConfig.parse(config.label, 4) == config
 
 
 @pytest.mark.parametrize("text, k, message", [
-    ("medusa", 4, "unknown speculative method 'medusa'"),
+    ("tree", 4, "unknown speculative method 'tree'"),
     ("", 4, "unknown speculative method ''"),
     ("ngram:3-2", 4, "1 <= MIN <= MAX"),
     ("ngram:0-2", 4, "1 <= MIN <= MAX"),

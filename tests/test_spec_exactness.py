@@ -240,6 +240,14 @@ def expected_output(references, request_id: str) -> list[int]:
 @pytest.mark.parametrize("drafter, k", cases(*ALL_CASES, slow=[("draft_other", 5)]))
 def test_greedy_output_equals_the_target_alone_in_a_continuous_batch(models, references, drafter, k):
     engine = make_engine(models, drafter, k)
+    outputs = run_continuous_batch_exactly(engine, references)
+    check_acceptance(drafter, engine.stats)
+    check_counters(engine, outputs)
+
+
+def run_continuous_batch_exactly(engine, references) -> dict:
+    """Run the continuous batch (joins, opt-outs, stop strings); every request's greedy output is the
+    target's alone, opted-out requests were never drafted for, stops end with "stop". Returns the outputs."""
     arrivals = continuous_batch(references)
     outputs = run(engine, arrivals)
     for _, request_id, _, params in arrivals:
@@ -250,8 +258,7 @@ def test_greedy_output_equals_the_target_alone_in_a_continuous_batch(models, ref
     for name in ("stop-token", "stop-string"):
         assert outputs[name][-1].finish_reason == "stop"
         assert outputs[name][-1].text == references[name][1], name
-    check_acceptance(drafter, engine.stats)
-    check_counters(engine, outputs)
+    return outputs
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_same", pytest.param("draft_other", marks=SLOW), "layer_skip",

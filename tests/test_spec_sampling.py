@@ -19,7 +19,9 @@ the truth, not with another noisy run:
 Drafters: ngram (one-hot drafts), draft_same (a draft model with the target's weights:
 p_draft == p_target, every draft accepted), draft_near (the target's weights plus noise:
 sampled drafts from a different distribution, about a third accepted), layer_skip:1, suffix (one-hot),
-lookahead (one-hot draft trees of up to 3 candidates, verified by the trie walk).
+eagle and medusa (heads fitted for a few steps to the target's greedy text, tests/head_training.py:
+sampled drafts, some accepted), eagle_vocab (the EAGLE head drafting from a draft vocabulary: p_draft
+is 0 outside it), lookahead (one-hot draft trees of up to 3 candidates, verified by the trie walk).
 
 With max_tokens=4 and k >= 2 the first verification step (after the prefill token)
 carries 2 drafts, so tokens 2 and 3 come from draft positions 0 and 1, from a
@@ -48,6 +50,7 @@ from specwise.sampling_params import SamplingParams
 from specwise.engine.sampling import rejection
 from specwise.engine.spec_decode.metrics import SpecStats
 from specwise.engine.spec_decode.ngram import NgramProposer
+from head_training import fitted_head_dir, greedy_texts
 from tiny_checkpoints import make_tiny_hf_config, write_hf_checkpoint
 from tiny_models import random_weights
 
@@ -68,7 +71,7 @@ SETTINGS = {
     "top_k_top_p": dict(temperature=1.3, top_k=10, top_p=0.9),
 }
 DRAFTERS = ["ngram", pytest.param("draft_same", marks=pytest.mark.slow), "draft_near", "layer_skip", "suffix",
-            "lookahead"]
+            "eagle", "medusa", "eagle_vocab", "lookahead"]
 
 
 def write_tiny_model(directory: Path, seed: int, num_layers: int, noise: float = 0.0, noise_seed: int = 1) -> Path:
@@ -96,6 +99,14 @@ class Setup:
         model = build_model(self.target, torch.float32, "cpu", 128)
         self.runner = ModelRunner(model, num_blocks=256 * 32, block_size=BLOCK_SIZE, dtype=torch.float32)
         self.prompt, self.ngram_acceptance = self.ngram_friendly_prompt()
+        texts = greedy_texts(model, [self.prompt[:length] for length in (4, 8, len(self.prompt))], max_tokens=24)
+        # eagle_vocab drafts from the tokens of its texts only: p_draft is 0 on the rest of the vocabulary
+        seen = sorted({token for text in texts for token in text})
+        for name, kind, num_heads, vocab in (("eagle", "eagle", 0, None), ("medusa", "medusa", K, None),
+                                             ("eagle_vocab", "eagle", 0, seen)):
+            head = fitted_head_dir(root / name, kind, self.target, model, texts, steps=100, num_heads=num_heads,
+                                   draft_vocab=vocab)
+            self.speculative[name] = f"{kind}:{head}"
         self.exact = {name: self.tuple_probs(SamplingParams(**setting)) for name, setting in SETTINGS.items()}
 
     def next_probs(self, prefixes: list[list[int]], params: SamplingParams) -> torch.Tensor:
@@ -295,6 +306,9 @@ BROKEN = [pytest.param("_acceptance", accept_everything, "ngram", id="accept_eve
           pytest.param("_draft_probs_at", recover_from_target, "draft_near", id="recover_from_target-draft_near",
                        marks=pytest.mark.slow),
           pytest.param("_acceptance", accept_everything, "layer_skip", id="accept_everything-layer_skip",
+                       marks=pytest.mark.slow),
+          pytest.param("_draft_probs_at", recover_from_target, "eagle", id="recover_from_target-eagle"),
+          pytest.param("_draft_probs_at", recover_from_target, "medusa", id="recover_from_target-medusa",
                        marks=pytest.mark.slow)]
 
 

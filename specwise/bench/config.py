@@ -24,8 +24,9 @@ DEFAULT_METHODS = "off,ngram"
 
 @dataclass
 class EvaluateConfig(LoadConfig):
-    methods: str | None = help_field("in-process arms: off,ngram,suffix,lookahead[:W,N,G],draft:PATH,layer_skip:L "
-                                     "(a suffix @k sets k, not for lookahead); "
+    methods: str | None = help_field("in-process arms: off,ngram,suffix,lookahead[:W,N,G],draft:PATH,layer_skip:L,"
+                                     "eagle[:DIR],medusa[:DIR] (NAME@k sets k; for lookahead its prompt-lookup "
+                                     "candidate's length); "
                                      f"none: {DEFAULT_METHODS} without --endpoint, no in-process arm with one")
     endpoint: list[str] = field(default_factory=list, metadata={
         "help": "an OpenAI-compatible endpoint as an arm, NAME=URL (e.g. vllm-eagle=http://host:8000); "

@@ -30,13 +30,13 @@ class AsyncEngine:
         self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.work = threading.Event()
         self.stopping = False
-        self.inbox: collections.deque[tuple] = collections.deque()    # ("add", id, token_ids, params) | ("abort", id)
+        self.inbox: collections.deque[tuple] = collections.deque()    # ("add", id, token_ids, params, tenant) | ("abort", id)
         self.inbox_lock = threading.Lock()     # held only to append, or to close the inbox at shutdown
         self.thread = threading.Thread(target=self._run, name="specwise-engine", daemon=True)
         self.thread.start()
 
-    async def generate(self, prompt: Prompt, params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
+                       tenant: str | None = None) -> AsyncIterator[RequestOutput]:
         request_id = request_id or uuid.uuid4().hex
         # tokenizing a long prompt or a chat template takes a while: not on the event loop
         token_ids = await asyncio.to_thread(self.engine.prepare, prompt)
@@ -47,7 +47,7 @@ class AsyncEngine:
             if request_id in self.queues:
                 raise InputError(f"request id {request_id!r} is already in flight")
             self.queues[request_id] = (asyncio.get_running_loop(), queue)
-            self.inbox.append(("add", request_id, token_ids, params))
+            self.inbox.append(("add", request_id, token_ids, params, tenant))
         self.work.set()
         finished = False
         try:
@@ -90,9 +90,9 @@ class AsyncEngine:
             if item[0] == "abort":
                 self.engine.abort(item[1])
                 continue
-            _, request_id, token_ids, params = item
+            _, request_id, token_ids, params, tenant = item
             try:
-                self.engine.add_prepared(token_ids, params, request_id)
+                self.engine.add_prepared(token_ids, params, request_id, tenant)
             except InputError as error:
                 self._deliver(request_id, error)
 

@@ -67,6 +67,7 @@ class LLMEngine:
         """Switch drafting method between requests (the evaluator runs every arm on one load)."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("change speculation only while no request is in flight")
+        self.runner.feature_observers = []          # the previous drafter's, if it read features
         context = ProposerContext(self.runner, self.tokenizer, self.dtype, self.config.device, self.max_model_len)
         spec_config = SpeculativeConfig.parse(speculative, num_speculative_tokens)
         self.proposer = build_proposer(spec_config, context)
@@ -82,14 +83,17 @@ class LLMEngine:
         return self.add_prepared(self.prepare(prompt), params, request_id)
 
     def add_prepared(self, token_ids: list[int], params: SamplingParams | None = None,
-                     request_id: str | None = None) -> str:
-        """Add a prompt that `prepare` has already tokenized and checked."""
+                     request_id: str | None = None, tenant: str | None = None) -> str:
+        """Add a prompt that `prepare` has already tokenized and checked. `tenant` keeps drafters
+        that learn across requests (suffix's global cache) from drafting one tenant's text for
+        another; None is the one default tenant."""
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise InputError(f"request id {request_id!r} is already in flight")
         self.check_params(params)
         seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63))
+        seq.tenant = tenant
         self.runner.processing.add(seq)
         self.requests[request_id] = seq
         self.outputs.add(seq)
@@ -200,21 +204,23 @@ class LLMEngine:
         result = self.outputs.append(seq, emitted)
         self.runner.processing.accept(seq, result.new_token_ids)
         logprobs = self.runner.step_logprobs.pop(seq.seq_id, None)
+        prompt_logprobs = self.runner.prompt_logprobs.pop(seq.seq_id, None)     # the first output only
         if result.finish_reason:
             self.scheduler.finish(seq, result.finish_reason)
         else:
             self.block_manager.trim(seq, len(seq))
         return self._output(seq, result.new_token_ids, result.new_text, result.finish_reason,
-                            None if logprobs is None else logprobs[:len(result.new_token_ids)])
+                            None if logprobs is None else logprobs[:len(result.new_token_ids)], prompt_logprobs)
 
-    def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason, logprobs=None) -> RequestOutput:
+    def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason, logprobs=None,
+                prompt_logprobs=None) -> RequestOutput:
         text = self.outputs.text(seq)
         if seq.is_finished:
             self.requests.pop(seq.request_id, None)
             self.outputs.remove(seq)
         return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, new_token_ids, text,
                              new_text, finished=seq.is_finished, finish_reason=finish_reason, spec=seq.spec.copy(),
-                             new_logprobs=logprobs)
+                             new_logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     def _on_release(self, seq: Sequence) -> None:
         if self.proposer is not None:

@@ -3,10 +3,17 @@
 A step is flat (see models/attention.py): sequence i feeds a run of query tokens (a prompt
 chunk, or its last token plus k_i drafts), all runs concatenated into one row dimension.
 Logits are computed only where tokens are sampled: the last 1 + k_i positions of a
-sequence that emits this step, none for a prompt chunk that does not reach its end.
+sequence that emits this step, none for a prompt chunk that does not reach its end. A request
+that asked for prompt logprobs also gets logits at its chunk's prompt positions, until its first
+output (they are a suffix of the chunk: positions already recorded come first).
+
+Worked example (prompt_logprobs, prompt of 10 tokens, chunks of 4): chunk 0..3 gives rows 0..3
+(tokens 1..4), chunk 4..7 rows 4..7 (tokens 5..8), chunk 8..9 rows 8 (token 9) + 9 (sampled).
+A preemption before the first output recomputes chunks whose positions are already held: no rows.
 """
 
 import itertools
+from typing import Callable
 
 import torch
 
@@ -19,6 +26,7 @@ from specwise.engine.scheduler import ScheduledBatch
 from specwise.engine.sequence import Sequence
 from specwise.engine.spec_decode.draft_tree import DraftTree
 from specwise.engine.spec_decode.proposer import Proposal
+from specwise.engine.step_features import StepFeatures
 from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk
 from specwise.models.llama import LlamaForCausalLM
 
@@ -46,6 +54,10 @@ class ModelRunner:
         self.processing = LogitsProcessing([])
         # seq_id -> logprobs of the tokens the last step emitted (requests that asked for them)
         self.step_logprobs: dict[int, list[TokenLogprob]] = {}
+        # seq_id -> prompt token i's logprob so far (None for token 0), until the first output takes it
+        self.prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
+        # drafters that read the target's features (step_features.py); empty: nothing is kept
+        self.feature_observers: list[Callable[[StepFeatures], None]] = []
 
     def blocks_for(self, num_slots: int) -> int:
         return -(-num_slots // self.block_size)
@@ -60,18 +72,31 @@ class ModelRunner:
 
         trees[i] (a decoding sequence's draft tree, spec_decode/draft_tree.py): run i is then the
         last token followed by the tree's rows, at the tree's positions and with its mask."""
-        trees = trees or [None] * len(token_ids)
-        input_ids, positions, metadata = self._prepare(token_ids, start_positions, block_tables, trees)
+        hidden = self.hidden_states(token_ids, start_positions, block_tables, num_layers, trees)
+        return self.logits_at(hidden, [len(run) for run in token_ids], num_logits)
+
+    @torch.inference_mode()
+    def hidden_states(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
+                      num_layers: int | None = None, trees: list[DraftTree | None] | None = None) -> torch.Tensor:
+        """The final-normed hidden state (feature) of every fed token, [sum(len(run)), hidden]."""
+        input_ids, positions, metadata = self.prepare(token_ids, start_positions, block_tables, trees)
         kv_caches = self.kv_caches if num_layers is None else self.kv_caches[:num_layers]
-        hidden = self.model(input_ids, positions, kv_caches, metadata, num_layers)   # [num_tokens, hidden]
-        ends = list(itertools.accumulate(len(run) for run in token_ids))
+        return self.model(input_ids, positions, kv_caches, metadata, num_layers)
+
+    @torch.inference_mode()
+    def logits_at(self, hidden: torch.Tensor, run_lengths: list[int], num_logits: list[int]) -> torch.Tensor:
+        """Logits of the last num_logits[i] rows of each run of `hidden`, [sum(num_logits), vocab] fp32."""
+        ends = list(itertools.accumulate(run_lengths))
         rows = [row for end, count in zip(ends, num_logits) for row in range(end - count, end)]
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]   # [sum(num_logits), hidden]
         return self.model.compute_logits(hidden)
 
-    def _prepare(self, token_ids, start_positions, block_tables, trees):
-        """Flat index tensors of one step, built on the host (no size is read back from the device)."""
+    def prepare(self, token_ids, start_positions, block_tables, trees=None):
+        """Flat index tensors of one step, built on the host (no size is read back from the device):
+        input_ids and positions [sum(len(run))] and the attention metadata. A drafter that runs its
+        own layers over this runner's block layout (eagle.py) builds its steps with it too."""
+        trees = trees or [None] * len(token_ids)
         offsets = torch.arange(self.block_size)
         new_slots, prefills, cached, positions, row = [], [], {}, [], 0
         for run, start, table, tree in zip(token_ids, start_positions, block_tables, trees):
@@ -138,8 +163,17 @@ class ModelRunner:
         num_logits = [0] * len(seqs)
         for index in emitting:
             num_logits[index] = len(token_ids[index]) - batch.num_new_tokens[index] + 1
-        logits = self.forward(token_ids, [seq.num_computed_tokens for seq in seqs],
-                              [seq.block_table for seq in seqs], num_logits, trees=trees)  # [rows, vocab]
+        prompt_rows = [self._prompt_rows(seq, count) for seq, count in zip(seqs, batch.num_new_tokens)]
+        starts = [seq.num_computed_tokens for seq in seqs]
+        hidden = self.hidden_states(token_ids, starts, [seq.block_table for seq in seqs], trees=trees)  # [rows, hidden]
+        if self.feature_observers:
+            features = StepFeatures(seqs, starts, [len(run) for run in token_ids], hidden)
+            for observe in self.feature_observers:
+                observe(features)
+        logits = self.logits_at(hidden, [len(run) for run in token_ids],
+                                [extra + count for extra, count in zip(prompt_rows, num_logits)])  # [rows, vocab]
+        if any(prompt_rows):
+            logits = self._take_prompt_logprobs(logits, seqs, prompt_rows, num_logits)    # [sum(num_logits), vocab]
         emitted = [[] for _ in seqs]
         if emitting:
             tokens = self.verify(logits, [seqs[i] for i in emitting], [draft_token_ids[i] for i in emitting],
@@ -148,6 +182,29 @@ class ModelRunner:
                 emitted[index] = row_tokens
             self._move_accepted_kv([seqs[i] for i in emitting], [trees[i] for i in emitting])
         return emitted
+
+    def _prompt_rows(self, seq: Sequence, count: int) -> int:
+        """How many of this chunk's positions give prompt logprobs: the chunk's last ones before its
+        sampled position, not yet held. Position p's logits give prompt token p + 1."""
+        if seq.sampling_params.prompt_logprobs is None or seq.num_output_tokens:
+            return 0
+        held = self.prompt_logprobs.setdefault(seq.seq_id, [None])
+        first = max(seq.num_computed_tokens, len(held) - 1)
+        last = min(seq.num_computed_tokens + count - 1, seq.num_prompt_tokens - 2)
+        return max(0, last - first + 1)
+
+    def _take_prompt_logprobs(self, logits: torch.Tensor, seqs: list[Sequence], prompt_rows: list[int],
+                              num_logits: list[int]) -> torch.Tensor:
+        """Record the prompt rows' logprobs (the raw log_softmax); returns the sampled rows alone."""
+        row, sampled = 0, []
+        for seq, extra, count in zip(seqs, prompt_rows, num_logits):
+            if extra:
+                held = self.prompt_logprobs[seq.seq_id]
+                tokens = seq.token_ids[len(held):len(held) + extra]
+                held += token_logprobs(logits[row:row + extra], tokens, seq.sampling_params.prompt_logprobs)
+            sampled.extend(range(row + extra, row + extra + count))
+            row += extra + count
+        return logits[torch.tensor(sampled, dtype=torch.long, device=logits.device)]
 
     def verify(self, logits: torch.Tensor, seqs: list[Sequence], draft_token_ids: list[list[int]],
                proposal: Proposal | None, batch_rows: list[int],
@@ -249,17 +306,9 @@ class ModelRunner:
         """Logprobs of emitted token j come from its row token_rows[i][j]: the target's processed logits there."""
         self.step_logprobs = {}
         for seq, rows, tokens in zip(seqs, token_rows, emitted):
-            num_top = seq.sampling_params.logprobs
-            if num_top is None:
-                continue
-            index = torch.tensor(rows[:len(tokens)], device=logits.device)
-            logprobs = torch.log_softmax(logits[index].float(), dim=-1)                # [len(tokens), vocab]
-            chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1)
-            top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (logprobs[:, :0], logprobs[:, :0])
-            self.step_logprobs[seq.seq_id] = [
-                TokenLogprob(token, value, list(zip(ids, values)))
-                for token, value, ids, values in zip(tokens, chosen.tolist(), top_ids.long().tolist(),
-                                                     top_values.tolist())]
+            if seq.sampling_params.logprobs is not None:
+                index = torch.tensor(rows[:len(tokens)], device=logits.device)
+                self.step_logprobs[seq.seq_id] = token_logprobs(logits[index], tokens, seq.sampling_params.logprobs)
 
     def probs(self, logits: torch.Tensor, seqs: list[Sequence],
               drafts_before: list[list[int]] | None = None) -> torch.Tensor:
@@ -288,4 +337,14 @@ class ModelRunner:
         if seq.is_finished:
             self.generators.pop(seq.seq_id, None)
             self.step_logprobs.pop(seq.seq_id, None)
+            self.prompt_logprobs.pop(seq.seq_id, None)
             self.processing.release(seq)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], num_top: int) -> list[TokenLogprob]:
+    """logits [len(tokens), vocab] -> each token's log_softmax value and the num_top most likely."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)                                # [len(tokens), vocab]
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1)
+    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (logprobs[:, :0], logprobs[:, :0])
+    return [TokenLogprob(token, value, list(zip(ids, values)))
+            for token, value, ids, values in zip(tokens, chosen.tolist(), top_ids.long().tolist(), top_values.tolist())]

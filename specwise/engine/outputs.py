@@ -28,3 +28,5 @@ class RequestOutput:
     finish_reason: str | None       # "stop" (eos / stop token / stop string), "length", "abort"
     spec: SpecStats = field(default_factory=SpecStats)   # this request's drafts so far (a snapshot)
     new_logprobs: list[TokenLogprob] | None = None        # one per new token, when the request asked
+    # with the first output of a request that asked: one per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None

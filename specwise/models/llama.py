@@ -21,10 +21,11 @@ class Linear(nn.Linear):
 
     On AVX2-only CPUs MKL's skinny matmuls (a few rows of activations against a large
     weight, i.e. decoding) measured 1.3-1.7x slower than oneDNN's at batch 16-64 here.
+    That kernel has no backward, so training a drafter (grad enabled) takes nn.Linear's path.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (_ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32):
+        if torch.is_grad_enabled() or not (_ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32):
             return super().forward(x)
         flat = x.reshape(-1, x.shape[-1])                                  # [num_rows, in_features]
         out = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, "none", [], "")

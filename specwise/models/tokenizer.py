@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.sandbox
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -52,6 +53,16 @@ class Tokenizer:
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """Does the chat template read a `tools` variable (so it renders tool definitions itself)?"""
+        if not self.chat_template:
+            return False
+        try:
+            return "tools" in jinja2.meta.find_undeclared_variables(_jinja_env().parse(self.chat_template))
+        except jinja2.TemplateError:
+            return False
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_vars) -> str:
         if not self.chat_template:

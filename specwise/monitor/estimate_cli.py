@@ -21,7 +21,7 @@ from specwise.monitor.estimate import Estimate, estimate_acceptance, expected_sp
 from specwise.monitor.logs import read_log
 from specwise.monitor.replay import NgramDrafter
 
-NOT_YET = {"suffix": "suffix-tree drafter", "eagle": "EAGLE heads"}
+NOT_YET = {"suffix": "the suffix-tree drafter", "eagle": "EAGLE heads", "medusa": "Medusa heads"}
 # drafters whose drafts come from the target's own forward at each step: a log cannot be replayed for them
 NOT_REPLAYABLE = {"lookahead": "lookahead decoding drafts from the target's own forward at every step"}
 
@@ -31,7 +31,7 @@ class EstimateConfig:
     log: str | None = field(default=None, metadata={
         "help": "JSONL log of prompts and completions (token ids, prompt/completion, or OpenAI request/response)"})
     method: str = field(default="ngram", metadata={
-        "help": "drafter: ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L (suffix, eagle:DIR: not available yet)"})
+        "help": "drafter: ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L (suffix, eagle, medusa: not available yet)"})
     k: int = field(default=4, metadata={"help": "draft tokens per step"})
     target: str | None = field(default=None, metadata={
         "help": "the target model (HF directory or GGUF): its tokenizer, and its layers for layer_skip "
@@ -55,8 +55,8 @@ class EstimateConfig:
             raise ConfigError(f"--k must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.k}")
         name = self.method.strip().lower().partition(":")[0]
         if name in NOT_YET:
-            raise ConfigError(f"{self.method}: not available yet: specwise's engine has no {NOT_YET[name]}, so "
-                              f"estimate cannot replay it; use ngram, draft:PATH or layer_skip:L")
+            raise ConfigError(f"{self.method}: not available yet: estimate cannot replay {NOT_YET[name]} over a "
+                              f"log; use ngram, draft:PATH or layer_skip:L (or measure it with specwise evaluate)")
         if name in NOT_REPLAYABLE:
             raise ConfigError(f"{self.method}: estimate cannot replay it from a log: {NOT_REPLAYABLE[name]}; "
                               f"measure it with specwise evaluate --methods off,{name}")

@@ -1,13 +1,16 @@
 """The OpenAI-compatible HTTP API over an AsyncEngine: `create_app(async_engine, config)`.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (all behind the
-optional API key), GET /health, GET /metrics. The app owns the engine's step thread:
+optional API keys), GET /health, GET /metrics. With several keys each key is a **tenant**:
+its requests carry it into the engine (`Sequence.tenant`), so drafters that learn across
+requests (suffix's global cache) never draft one key's text for another key's request. The app owns the engine's step thread:
 leaving its lifespan shuts the AsyncEngine down (uvicorn first lets in-flight requests
 finish for `shutdown_timeout` seconds, then cancels them, which aborts them).
 """
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import os
 import time
@@ -47,13 +50,13 @@ def create_app(async_engine: AsyncEngine, config: ServerConfig | None = None) ->
     app.state.model = model
     install_error_handlers(app)
     app.add_middleware(StatusCounter, counter=serving.metrics.requests, routes=GENERATION_ROUTES)
-    app.include_router(api_routes(serving, config, model, api_key(config)))
+    app.include_router(api_routes(serving, config, model, api_keys(config)))
     app.include_router(service_routes(serving))
     return app
 
 
-def api_routes(serving: Serving, config: ServerConfig, model: str, key: str | None) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(key_check(key))])
+def api_routes(serving: Serving, config: ServerConfig, model: str, keys: list[str]) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(key_check(keys))])
     started = int(time.time())
 
     @router.get("/v1/models")
@@ -69,7 +72,8 @@ def api_routes(serving: Serving, config: ServerConfig, model: str, key: str | No
         body = CompletionRequest.model_validate_json(await read_body(request, config.max_body_bytes))
         check(body, model)
         prompt = body.single_prompt()
-        jobs = await serving.start(prompt, body, "prompt", COMPLETION_DEFAULT_MAX_TOKENS)
+        jobs = await serving.start(prompt, body, "prompt", COMPLETION_DEFAULT_MAX_TOKENS,
+                                   tenant=getattr(request.state, "tenant", None))
         echo = "" if not body.echo else prompt if isinstance(prompt, str) else serving.engine.tokenizer.decode(prompt)
         responder = CompletionResponder(model, jobs[0].speculative, body, formatter, echo)
         return await answer(request, jobs, responder, bool(body.stream))
@@ -78,7 +82,8 @@ def api_routes(serving: Serving, config: ServerConfig, model: str, key: str | No
     async def chat_completions(request: Request):
         body = ChatCompletionRequest.model_validate_json(await read_body(request, config.max_body_bytes))
         check(body, model)
-        jobs = await serving.start(body.template_messages(), body, "messages", None, body.template_tools())
+        jobs = await serving.start(body.template_messages(), body, "messages", None, body.template_tools(),
+                                   tenant=getattr(request.state, "tenant", None))
         return await answer(request, jobs, ChatResponder(model, jobs[0].speculative, body, formatter),
                             bool(body.stream))
 
@@ -125,19 +130,33 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def key_check(key: str | None):
+def key_check(keys: list[str]):
+    """The dependency that checks 'Authorization: Bearer KEY' against every key (constant time
+    each) and records the matching key's tenant on the request; no keys: open, one tenant."""
+    tenants = {key: tenant_of(key) for key in keys}
+
     async def require_key(request: Request) -> None:
-        if key is None:
+        if not keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        sent = token.strip().encode()
+        matches = [key for key in keys if hmac.compare_digest(sent, key.encode())]
+        if scheme.lower() != "bearer" or not matches:
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
+        request.state.tenant = tenants[matches[0]]
     return require_key
 
 
-def api_key(config: ServerConfig) -> str | None:
-    return config.api_key or os.environ.get("SPECWISE_API_KEY") or None
+def tenant_of(key: str) -> str:
+    """A tenant's name: a digest of its key, so the key itself is never kept beside its text."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def api_keys(config: ServerConfig) -> list[str]:
+    """--api-key (comma-separated for several tenants), else $SPECWISE_API_KEY; [] = no key."""
+    text = config.api_key or os.environ.get("SPECWISE_API_KEY") or ""
+    return [key.strip() for key in text.split(",") if key.strip()]
 
 
 def model_name(model_path: str | None) -> str:

@@ -28,11 +28,11 @@ def run_serve(args) -> int:
 
     from specwise.engine.async_engine import AsyncEngine
     from specwise.engine.llm_engine import LLMEngine
-    from specwise.server.app import api_key, create_app
+    from specwise.server.app import api_keys, create_app
 
     config = dataclass_from_args(ServerConfig, args)
     engine_config = dataclass_from_args(EngineConfig, args)
-    if not config.is_loopback and api_key(config) is None:
+    if not config.is_loopback and not api_keys(config):
         print(f"specwise: warning: serving on {config.host} without an API key: anyone who can reach this "
               f"address can use the model", file=sys.stderr)
     app = create_app(AsyncEngine(LLMEngine(engine_config)), config)

@@ -13,7 +13,9 @@ class ServerConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind; loopback unless you mean it"})
     port: int = field(default=8000, metadata={"help": "TCP port (0 picks a free one)"})
     api_key: str | None = field(
-        default=None, metadata={"help": "require 'Authorization: Bearer KEY' on /v1 (or set SPECWISE_API_KEY)"})
+        default=None, metadata={"help": "require 'Authorization: Bearer KEY' on /v1 (or set SPECWISE_API_KEY); "
+                                        "KEY1,KEY2,... for several tenants: suffix decoding's cache of earlier "
+                                        "responses never drafts one key's text for another's"})
     served_model_name: str | None = field(
         default=None, metadata={"help": "model id clients send and /v1/models lists; default: the model's name"})
     max_queue: int = field(
@@ -32,8 +34,9 @@ class ServerConfig:
             raise ConfigError("host must not be empty")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("api_key must not be empty (omit it to serve without a key)")
+        if self.api_key is not None and not all(key.strip() for key in self.api_key.split(",")):
+            raise ConfigError("api_key must not be empty, nor hold an empty key between commas "
+                              "(omit it to serve without a key)")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ConfigError("served_model_name must not be empty")
         if self.max_queue < 0:

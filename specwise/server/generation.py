@@ -1,9 +1,11 @@
 """One request's life on the server: prompt checks, bounded admission, the engine run, cleanup.
 
-`Serving.start` tokenizes, checks the prompt and max_tokens against the context window
+`Serving.start` tokenizes (tools through the chat template when it renders them, else in the
+system prompt: tool_prompt.py), checks the prompt and max_tokens against the context window
 and the KV cache, compiles a structured-output grammar (in a worker thread: a first grammar
 builds the tokenizer's index, about a second), and admits the request's n choices unless
-`max_num_seqs + max_queue` are already held (429). Each returned Job (one per choice) must be
+`max_num_seqs + max_queue` are already held (429). Each returned Job (one per choice, or per
+candidate with best_of) must be
 closed exactly once (`close` is idempotent): closing an unfinished job aborts it in the
 engine, which frees its KV blocks.
 """
@@ -21,6 +23,7 @@ from specwise.sampling_params import SamplingParams
 from specwise.server.config import ServerConfig
 from specwise.server.errors import APIError
 from specwise.server.metrics import ServerMetrics
+from specwise.server import tool_prompt
 from specwise.server.protocol import GenerationRequest
 
 
@@ -33,10 +36,10 @@ class Serving:
         self.metrics = ServerMetrics(self.engine, lambda: self.admitted)
 
     async def start(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None,
-                    tools: list[dict] | None = None) -> "list[Job]":
+                    tools: list[dict] | None = None, tenant: str | None = None) -> "list[Job]":
         token_ids = self.encode(prompt, param, tools)
         max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
-        params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_choices)]
+        params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_candidates)]
         try:
             await asyncio.to_thread(self.engine.check_params, params[0])
         except SpecwiseError as error:
@@ -44,12 +47,17 @@ class Serving:
         if self.admitted + len(params) > self.capacity:
             raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry later",
                            code="queue_full")
-        return [Job(self, token_ids, choice_params) for choice_params in params]
+        # the prompt is counted once per request (as vLLM), however many choices share it
+        return [Job(self, token_ids, choice_params, count_prompt=index == 0, tenant=tenant)
+                for index, choice_params in enumerate(params)]
 
     def encode(self, prompt: Prompt, param: str, tools: list[dict] | None = None) -> list[int]:
+        tokenizer = self.engine.tokenizer
         try:
-            if tools:        # the chat template shows the tools (templates that know them)
-                return self.engine.tokenizer.apply_chat_template(prompt, tools=tools)
+            if param == "messages" and not tokenizer.template_takes_tools:
+                prompt, tools = tool_prompt.as_text(prompt, tools), None     # tools in the system prompt
+            if tools:        # the chat template shows the tools
+                return tokenizer.apply_chat_template(prompt, tools=tools)
             return self.engine.encode(prompt)
         except (SpecwiseError, jinja2.TemplateError) as error:
             raise APIError(400, str(error), param, "invalid_value") from None
@@ -86,15 +94,18 @@ def grammar_param(request: GenerationRequest, params: SamplingParams) -> str | N
 
 
 class Job:
-    def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams):
+    def __init__(self, serving: Serving, token_ids: list[int], params: SamplingParams, count_prompt: bool = True,
+                 tenant: str | None = None):
         self.serving = serving
         self.request_id = uuid.uuid4().hex
         self.speculative = serving.engine.proposer is not None and params.speculative
-        self.tracker = serving.metrics.track(len(token_ids))
-        self.outputs = serving.async_engine.generate(token_ids, params, self.request_id)
+        self.tracker = serving.metrics.track(len(token_ids) if count_prompt else 0)
+        self.outputs = serving.async_engine.generate(token_ids, params, self.request_id, tenant)
         self.refused = False
         self.closed = False
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None     # with the first output, if asked
+        self.cumulative_logprob = 0.0          # of the generated tokens (best_of ranks candidates by it)
         serving.admitted += 1
 
     async def next(self) -> RequestOutput:
@@ -108,8 +119,11 @@ class Job:
             self.tracker.finish("error")
             raise APIError(500, str(error), code="engine_error") from None
         self.tracker.observe(output)
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
         if self.logprobs is not None and output.new_logprobs:
             self.logprobs.extend(output.new_logprobs)
+            self.cumulative_logprob += sum(item.logprob for item in output.new_logprobs)
         if output.finished:
             self.tracker.finish(output.finish_reason)
             if output.finish_reason == "abort":

@@ -11,6 +11,11 @@ Chat (`logprobs: true, top_logprobs: 2`), one entry per token:
 Completions (`logprobs: 2`):
     {"tokens": ["Hi"], "token_logprobs": [-0.1], "top_logprobs": [{"Hi": -0.1, "Hey": -2.5}],
      "text_offset": [0]}
+Completions with `echo: true` put the prompt's tokens first (offsets from 0, the output's from the
+end of the echoed prompt); the first prompt token has no logprob (null, as OpenAI and vLLM):
+    {"tokens": ["Say", " hi", "!"], "token_logprobs": [null, -3.2, -0.4],
+     "top_logprobs": [null, {" hi": -3.2, ...}, {"!": -0.4, ...}], "text_offset": [0, 3, 6]}
+Prompt logprobs are the raw log_softmax (no penalty or grammar applies to a prompt).
 """
 
 import math
@@ -43,13 +48,20 @@ class LogprobFormatter:
                              "top_logprobs": [entry(token_id, value) for token_id, value in item.top]}
                             for item in logprobs]}
 
-    def completion(self, logprobs: list[TokenLogprob], text_offset: int = 0) -> dict:
-        tokens = [self.token(item.token_id) for item in logprobs]
-        offsets = []
-        for token in tokens:
-            offsets.append(text_offset)
-            text_offset += len(token)
-        return {"tokens": tokens, "token_logprobs": [finite(item.logprob) for item in logprobs],
-                "top_logprobs": [{self.token(token_id): finite(value) for token_id, value in item.top}
-                                 for item in logprobs],
-                "text_offset": offsets}
+    def completion(self, logprobs: list[TokenLogprob], text_offset: int = 0,
+                   prompt: tuple[list[int], list[TokenLogprob | None]] | None = None) -> dict:
+        """logprobs of output tokens from text_offset on; prompt: (token ids, logprobs) to put first (echo)."""
+        body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if prompt is not None:
+            self._extend(body, [self.token(token_id) for token_id in prompt[0]], prompt[1], 0)
+        self._extend(body, [self.token(item.token_id) for item in logprobs], logprobs, text_offset)
+        return body
+
+    def _extend(self, body: dict, tokens: list[str], logprobs: list[TokenLogprob | None], offset: int) -> None:
+        for token, item in zip(tokens, logprobs):
+            body["tokens"].append(token)
+            body["token_logprobs"].append(None if item is None else finite(item.logprob))
+            body["top_logprobs"].append(None if item is None else
+                                        {self.token(token_id): finite(value) for token_id, value in item.top})
+            body["text_offset"].append(offset)
+            offset += len(token)

@@ -39,8 +39,8 @@ class ServerMetrics:
                                 registry=self.registry)
         self.finished = Counter("specwise:requests_finished", "Requests that reached the engine, by how they "
                                 "ended (stop, length, abort, error)", ["finish_reason"], registry=self.registry)
-        self.prompt_tokens = Counter("specwise:prompt_tokens", "Prompt tokens of requests the engine took",
-                                     registry=self.registry)
+        self.prompt_tokens = Counter("specwise:prompt_tokens", "Prompt tokens of requests the engine took (once "
+                                     "per request, whatever its n or best_of)", registry=self.registry)
         self.generation_tokens = Counter("specwise:generation_tokens", "Tokens generated", registry=self.registry)
         self.ttft = Histogram("specwise:time_to_first_token_seconds", "Arrival to first generated token",
                               buckets=TTFT_BUCKETS, registry=self.registry)

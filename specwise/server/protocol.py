@@ -33,7 +33,8 @@ StopString = Annotated[str, Field(min_length=1)]
 # parameter -> why it is refused (a 400 when given with anything but a neutral value)
 UNSUPPORTED = {"suffix": "suffix (insertion) is not supported", "functions": "use tools instead of functions",
                "function_call": "use tool_choice instead of function_call",
-               "prompt_logprobs": "prompt logprobs are not supported", "audio": "audio output is not supported",
+               "prompt_logprobs": "use echo with logprobs on /v1/completions for prompt logprobs",
+               "audio": "audio output is not supported",
                "prediction": "predicted outputs are not supported",
                "web_search_options": "web search is not supported"}
 NEUTRAL = (None, "", [], {}, False)
@@ -103,9 +104,18 @@ class GenerationRequest(BaseModel):
 
     @property
     def num_choices(self) -> int:
+        """Choices in the answer."""
         return self.n or 1
 
+    @property
+    def num_candidates(self) -> int:
+        """Engine requests: one per choice, or best_of (completions) ranked down to n."""
+        return self.num_choices
+
     def requested_logprobs(self) -> int | None:
+        return None
+
+    def requested_prompt_logprobs(self) -> int | None:
         return None
 
     def structured(self) -> StructuredOutput | None:
@@ -123,6 +133,7 @@ class GenerationRequest(BaseModel):
                   "stop_token_ids": self.stop_token_ids, "presence_penalty": self.presence_penalty,
                   "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
                   "logit_bias": self._logit_bias(), "logprobs": self.requested_logprobs(),
+                  "prompt_logprobs": self.requested_prompt_logprobs(),
                   "structured_output": self.structured(),
                   "top_k": None if self.top_k is None else max(self.top_k, 0)}
         try:
@@ -151,15 +162,26 @@ class CompletionRequest(GenerationRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.best_of is not None and self.best_of != self.num_choices:
-            raise APIError(400, f"best_of ({self.best_of}) other than n ({self.num_choices}) is not supported "
-                                "(no ranking of candidates)", "best_of", "unsupported_parameter")
-        if self.echo and self.logprobs is not None:
-            raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo",
-                           "unsupported_parameter")
+        if self.best_of is not None and self.best_of < self.num_choices:
+            raise APIError(400, f"best_of ({self.best_of}) must be at least n ({self.num_choices})", "best_of",
+                           "invalid_value")
+        if self.stream and self.num_candidates > self.num_choices:
+            raise APIError(400, f"best_of ({self.best_of}) greater than n ({self.num_choices}) cannot be streamed",
+                           "best_of", "invalid_value")
+
+    @property
+    def num_candidates(self) -> int:
+        return self.best_of or self.num_choices
 
     def requested_logprobs(self) -> int | None:
+        """Candidates are ranked by their tokens' logprobs: asked for internally when best_of > n."""
+        if self.logprobs is None and self.num_candidates > self.num_choices:
+            return 0
         return self.logprobs
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """echo with logprobs: the prompt's tokens come back with their logprobs too."""
+        return self.logprobs if self.echo else None
 
     def single_prompt(self) -> str | list[int]:
         """A string or a list of token ids; a one-element batch of either is unwrapped."""

@@ -1,16 +1,21 @@
 """Response bodies and stream chunks of the completions and chat APIs, as plain dicts.
 
 A request with n choices has one engine request per choice; `body` gets each choice's final
-output and all its logprobs, `chunk` one choice's step. Usage counts the prompt once and the
-completion tokens of every choice. With `stream_options.continuous_usage_stats` every chunk
+output and all its logprobs, `chunk` one choice's step. With best_of > n (completions, not
+streamed) there is one engine request per candidate and `body` answers with the n whose tokens
+have the highest cumulative logprob, best first (as vLLM did). Usage counts the prompt once and
+the completion tokens of every choice, and of every candidate (all were generated, as OpenAI
+bills them). With `stream_options.continuous_usage_stats` every chunk
 carries the usage so far; with `include_usage` a last chunk (no choices) carries the total.
 
 Every answer carries a `specwise` object with the request's acceptance figures (the
 definitions of `specwise.engine.spec_decode.metrics`): in the body of a non-streamed answer,
 and in the stream chunk that carries a choice's finish_reason.
 
-Chat requests with tools (tool_choice auto / required / named) stream their message whole,
-in the chunk that finishes it: whether the output is text or tool calls is known only then.
+Chat requests with tool_choice "required" or named stream their tool calls as OpenAI does (a
+call's first delta has its id, type and name, then argument fragments: tool_stream.py); with
+"auto" the message comes whole, in the chunk that finishes it: whether the output is text or
+tool calls is known only then.
 """
 
 import time
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.engine.spec_decode.metrics import SpecStats
 from specwise.server.logprobs import LogprobFormatter
+from specwise.server.tool_stream import ToolCallStream
 from specwise.server.tools import ToolChoice
 
 
@@ -28,6 +34,8 @@ from specwise.server.tools import ToolChoice
 class Finished:
     output: RequestOutput
     logprobs: list[TokenLogprob] | None
+    prompt_logprobs: list[TokenLogprob | None] | None = None      # echo with logprobs
+    cumulative_logprob: float = 0.0                                 # best_of's ranking
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -57,9 +65,13 @@ class Responder(ABC):
         self.include_usage = request.include_usage
         self.continuous_usage = request.continuous_usage
         self.formatter = formatter
+        self.num_choices = request.num_choices
 
     def body(self, finished: list[Finished]) -> dict:
-        choices = [{"index": index, **self.full_choice(item)} for index, item in enumerate(finished)]
+        chosen = finished
+        if len(finished) > self.num_choices:       # best_of candidates: the most likely n
+            chosen = sorted(finished, key=lambda item: item.cumulative_logprob, reverse=True)[:self.num_choices]
+        choices = [{"index": index, **self.full_choice(item)} for index, item in enumerate(chosen)]
         spec = SpecStats()
         for item in finished:
             spec = spec.merge(item.output.spec)
@@ -110,22 +122,32 @@ class CompletionResponder(Responder):
     def __init__(self, model: str, speculative: bool, request, formatter: LogprobFormatter, echo: str = ""):
         super().__init__(model, speculative, request, formatter)
         self.echo = echo                       # the prompt's text when echo is true
-        self.sent: dict[int, int] = {}         # choice -> characters streamed (logprobs' text_offset)
+        self.show_logprobs = request.logprobs is not None     # not when asked only to rank best_of
+        # request id -> text_offset of its next token: the echo, then the output's token texts summed
+        # (as in the non-streamed body, whatever the detokenizer holds back)
+        self.sent: dict[str, int] = {}
 
     def full_choice(self, finished: Finished) -> dict:
-        logprobs = None if finished.logprobs is None else self.formatter.completion(finished.logprobs, len(self.echo))
+        logprobs = None
+        if finished.logprobs is not None and self.show_logprobs:
+            logprobs = self.formatter.completion(finished.logprobs, len(self.echo),
+                                                 self._prompt(finished.output, finished.prompt_logprobs))
         return {"text": self.echo + finished.output.text, "logprobs": logprobs,
                 "finish_reason": finished.output.finish_reason}
 
     def delta_choice(self, output: RequestOutput) -> dict | None:
-        if not (output.new_text or output.finished or output.new_logprobs):
+        if not (output.new_text or output.finished or output.new_logprobs or output.prompt_logprobs):
             return None
         first = output.request_id not in self.sent
         offset = self.sent.setdefault(output.request_id, len(self.echo))
         text = (self.echo if first else "") + output.new_text
-        self.sent[output.request_id] = offset + len(output.new_text)
-        logprobs = None if output.new_logprobs is None else self.formatter.completion(output.new_logprobs, offset)
+        self.sent[output.request_id] = offset + sum(len(self.formatter.token(t)) for t in output.new_token_ids)
+        logprobs = None if output.new_logprobs is None else self.formatter.completion(
+            output.new_logprobs, offset, self._prompt(output, output.prompt_logprobs))
         return {"text": text, "logprobs": logprobs}
+
+    def _prompt(self, output: RequestOutput, prompt_logprobs) -> tuple | None:
+        return None if prompt_logprobs is None else (output.prompt_token_ids, prompt_logprobs)
 
 
 class ChatResponder(Responder):
@@ -138,7 +160,8 @@ class ChatResponder(Responder):
         tools: ToolChoice | None = request.tool_choice_info()
         self.tools = tools if tools is not None and tools.mode != "none" else None
         self.wants_logprobs = request.requested_logprobs() is not None
-        self.held: dict[str, list[TokenLogprob]] = {}     # request id -> logprobs held with the message
+        self.held: dict[str, list[TokenLogprob]] = {}     # request id -> logprobs held for the next chunk
+        self.streams: dict[str, ToolCallStream] = {}      # request id -> its streamed tool calls
 
     def message(self, text: str) -> tuple[dict, bool]:
         """(the assistant message, whether it holds tool calls)."""
@@ -151,10 +174,16 @@ class ChatResponder(Responder):
         message, called = self.message(finished.output.text)
         logprobs = None if finished.logprobs is None else self.formatter.chat(finished.logprobs)
         return {"message": message, "logprobs": logprobs,
-                "finish_reason": "tool_calls" if called else finished.output.finish_reason}
+                "finish_reason": self._finish_reason(finished.output, called)}
 
     def finish_reason(self, output: RequestOutput) -> str | None:
-        return "tool_calls" if self.tools is not None and self.message(output.text)[1] else output.finish_reason
+        return self._finish_reason(output, self.tools is not None and self.message(output.text)[1])
+
+    @staticmethod
+    def _finish_reason(output: RequestOutput, called: bool) -> str | None:
+        """"tool_calls" for a message with calls, unless max_tokens cut it ("length": a named call's
+        arguments may then be cut too)."""
+        return "tool_calls" if called and output.finish_reason != "length" else output.finish_reason
 
     def opening_chunks(self, num_choices: int, prompt_tokens: int) -> list[dict]:
         chunks = []
@@ -168,6 +197,8 @@ class ChatResponder(Responder):
         return chunks
 
     def delta_choice(self, output: RequestOutput) -> dict | None:
+        if self.tools is not None and self.tools.mode in ("required", "named"):
+            return self._call_deltas(output)
         if self.tools is not None:                  # the whole message, once finished
             if output.new_logprobs:
                 self.held.setdefault(output.request_id, []).extend(output.new_logprobs)
@@ -183,3 +214,20 @@ class ChatResponder(Responder):
         logprobs = None if output.new_logprobs is None else self.formatter.chat(output.new_logprobs)
         return {"delta": {"content": output.new_text} if output.new_text or not output.finished else {},
                 "logprobs": logprobs}
+
+    def _call_deltas(self, output: RequestOutput) -> dict | None:
+        """Tool call deltas as the grammar-forced output grows; logprobs ride with the next chunk."""
+        named = self.tools.name if self.tools.mode == "named" else None
+        stream = self.streams.setdefault(output.request_id, ToolCallStream(named))
+        if output.new_logprobs:
+            self.held.setdefault(output.request_id, []).extend(output.new_logprobs)
+        deltas = stream.feed(output.new_text)
+        delta = {"tool_calls": deltas} if deltas else {}
+        if output.finished:
+            self.streams.pop(output.request_id)
+            if not stream.started and stream.text:       # cut before a call was named: the text, as unstreamed
+                delta = {"content": stream.text}
+        elif not deltas:
+            return None
+        held = self.held.pop(output.request_id, None)
+        return {"delta": delta, "logprobs": self.formatter.chat(held) if held and self.wants_logprobs else None}

@@ -35,7 +35,8 @@ async def answer(request: Request, jobs: list[Job], responder: Responder, stream
             outputs = await until_disconnect(request, asyncio.gather(*(job.collect() for job in jobs)))
         finally:
             await close_all(jobs)
-        return JSONResponse(responder.body([Finished(output, job.logprobs) for output, job in zip(outputs, jobs)]))
+        return JSONResponse(responder.body([Finished(output, job.logprobs, job.prompt_logprobs, job.cumulative_logprob)
+                                           for output, job in zip(outputs, jobs)]))
     try:
         firsts = await until_disconnect(request, asyncio.gather(*(job.next() for job in jobs)))
     except BaseException:

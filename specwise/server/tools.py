@@ -1,9 +1,13 @@
 """Tools: which grammar a tool_choice asks for, and the OpenAI `tool_calls` parsed from the output.
 
-  tool_choice "none"       the tools are shown to the chat template, the output is plain text.
+  tool_choice "none"       the tools are not shown to the model, the output is plain text.
   tool_choice "auto"       (the default with tools) unconstrained; the output becomes tool calls
                            when it is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-                           blocks (the Hermes / Qwen format) or one such JSON object alone.
+                           blocks (the Hermes / Qwen format; a block may hold a JSON list of
+                           calls, and the last may be left unclosed), or one such JSON object
+                           alone (bare or in a ```json fence), naming a tool; otherwise it is
+                           plain text. Templates without tool support are told this format in
+                           the system prompt (tool_prompt.py).
   tool_choice "required"   the output must be a JSON array of calls
                            [{"name": <a tool>, "parameters": {...its schema...}}, ...] (one call
                            when parallel_tool_calls is false), as vLLM does.
@@ -12,6 +16,8 @@
 
 A message with tool calls has finish_reason "tool_calls" and each call is
 {"id": "call_...", "type": "function", "function": {"name": N, "arguments": "<JSON text>"}}.
+Streamed, required and named calls go out as deltas while the output grows (tool_stream.py);
+"auto" sends its message whole in the last chunk (text or calls is known only at the end).
 """
 
 import json
@@ -21,8 +27,10 @@ from dataclasses import dataclass
 
 from specwise.sampling_params import StructuredOutput
 from specwise.server.errors import APIError
+from specwise.server.tool_stream import scan_calls
 
-TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)   # the last may be open
+FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 ANY_OBJECT = {"type": "object"}
 
 
@@ -53,27 +61,32 @@ class ToolChoice:
         if self.mode == "named":
             return [tool_call(self.name, text)], None
         if self.mode == "required":
-            try:
-                return [tool_call(call["name"], json.dumps(call["parameters"])) for call in json.loads(text)], None
-            except (json.JSONDecodeError, KeyError, TypeError):
-                return None, text            # cut short (max_tokens): hand back the text
+            calls, closed = scan_calls(text)    # arguments: the raw text, as streamed (tool_stream.py)
+            if not closed or not calls or not all(call.done and call.name for call in calls):
+                return None, text               # cut short (max_tokens): hand back the text
+            return [tool_call(call.name, call.arguments) for call in calls], None
         if self.mode == "auto":
             return self._auto(text)
         return None, text
 
     def _auto(self, text: str) -> tuple[list[dict] | None, str | None]:
         blocks = TOOL_CALL_BLOCK.findall(text)
-        candidates = blocks or [text.strip()]
+        fenced = FENCE.match(text.strip())
+        candidates = blocks or [fenced.group(1) if fenced else text.strip()]
         calls = []
         for block in candidates:
             try:
-                call = json.loads(block)
+                parsed = json.loads(block)
             except json.JSONDecodeError:
                 return None, text
-            if not isinstance(call, dict) or call.get("name") not in self.functions:
-                return None, text
-            arguments = call.get("arguments", call.get("parameters", {}))
-            calls.append(tool_call(call["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)))
+            for call in parsed if isinstance(parsed, list) else [parsed]:     # a block may hold a list of calls
+                if not isinstance(call, dict) or call.get("name") not in self.functions:
+                    return None, text
+                arguments = call.get("arguments", call.get("parameters", {}))
+                calls.append(tool_call(call["name"],
+                                       arguments if isinstance(arguments, str) else json.dumps(arguments)))
+        if not calls:
+            return None, text
         content = TOOL_CALL_BLOCK.sub("", text).strip() if blocks else ""
         return calls, content or None
 

@@ -1,11 +1,11 @@
 """Arms: what is compared side by side.
 
-In-process methods, `--methods off,ngram,suffix,lookahead:W,N,G,draft:PATH,layer_skip:L`; an
-optional `@k` suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise
---num-speculative-tokens applies (for lookahead: its prompt-lookup candidate's length; the arm
-is named lookahead-wWnNgG-kK). Endpoints,
-`--endpoint NAME=URL` (repeatable); the method is read from the name (`vllm-off`,
-`sglang-eagle`, `ngram`, `trtllm-lookahead`...), "http" if none.
+In-process methods, `--methods off,ngram,suffix,lookahead:W,N,G,draft:PATH,layer_skip:L,eagle[:DIR],
+medusa[:DIR]` (eagle / medusa without DIR: the built-in head for the target); an optional `@k`
+suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise --num-speculative-tokens
+applies (for lookahead: its prompt-lookup candidate's length; the arm is named
+lookahead-wWnNgG-kK). Endpoints, `--endpoint NAME=URL` (repeatable); the method is read from
+the name (`vllm-off`, `sglang-eagle`, `ngram`, `trtllm-lookahead`...), "http" if none.
 """
 
 import re
@@ -23,8 +23,8 @@ _METHOD = re.compile(r"\s*lookahead\s*:\s*\d+\s*,\s*\d+\s*,\s*\d+[^,]*|[^,]+", r
 @dataclass
 class ArmSpec:
     name: str
-    method: str             # off, ngram, suffix, lookahead, draft, layer_skip (in-process); also eagle, medusa,
-                            # http (endpoints)
+    method: str             # off, ngram, suffix, lookahead, draft, layer_skip, eagle, medusa; http (an endpoint of
+                            # unknown method)
     spec: str | None        # engine drafter string ("ngram", "draft:PATH", ...); None = off
     k: int | None           # draft tokens per step; 0 for off; None if unknown (endpoints)
     url: str | None = None

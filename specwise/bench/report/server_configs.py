@@ -1,7 +1,7 @@
 """Ready-to-paste serving configuration for a drafter that paid in the evaluation.
 
-vLLM: `--speculative-config` JSON (method ngram / draft_model / eagle / medusa,
-num_speculative_tokens; for n-gram prompt_lookup_min/max = our n-gram sizes). The dynamic variant adds
+vLLM: `--speculative-config` JSON (method ngram / draft_model, num_speculative_tokens; for n-gram
+prompt_lookup_min/max = our n-gram sizes). The dynamic variant adds
 `num_speculative_tokens_per_batch_size`, a list of [lo, hi, k] batch-size ranges
 (KTable.to_vllm_ranges; k = 0 turns speculation off in that range); it needs a vLLM release
 with dynamic speculative decoding.
@@ -13,9 +13,10 @@ Lookahead decoding: vLLM and SGLang have none; TensorRT-LLM's LLM API takes
 `speculative_config=LookaheadDecodingConfig(max_window_size=W, max_ngram_size=N,
 max_verification_set_size=G)` (our W, N, G), also given to trtllm-serve as
 `speculative_config: {decoding_type: Lookahead, ...}` in --extra_llm_api_options.
-SGLang: `--speculative-algorithm NGRAM | STANDALONE | EAGLE` with a chain of k drafts:
+SGLang: `--speculative-algorithm NGRAM | STANDALONE` with a chain of k drafts:
 `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
 (the draft-token count includes the verified root token).
+Our eagle / medusa heads get a note instead: servers read EAGLE / Medusa checkpoints of their own format.
 """
 
 import json
@@ -23,10 +24,14 @@ import json
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.k_table import KTable
 
-_VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "medusa": "medusa"}
-_SGLANG_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE"}
+_VLLM_METHODS = {"draft": "draft_model"}
+_SGLANG_ALGORITHMS = {"draft": "STANDALONE"}
+_OWN_FORMAT = ("specwise's {} heads are in its own format; vLLM ({}) and SGLang{} need a checkpoint in theirs, "
+               "trained for the same target")
 NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
                                       "the closest there is a small draft model or EAGLE heads.",
+                        "eagle": _OWN_FORMAT.format("EAGLE", "method eagle", " (EAGLE)"),
+                        "medusa": _OWN_FORMAT.format("Medusa", "method medusa", " (no Medusa)"),
                         "lookahead": "vLLM and SGLang have no lookahead decoding; TensorRT-LLM has it "
                                      "(config below); the closest in vLLM/SGLang is ngram (prompt lookup)."}
 

@@ -13,6 +13,10 @@
                         window of W columns x N-1 levels and up to G candidate N-grams, verified in
                         the same forward
     lookahead:W,N,G     those sizes, e.g. lookahead:1,3,2 (the default; W 0 turns the Jacobi window off)
+    eagle               an EAGLE head over the target's features: the built-in one trained for the
+                        target (specwise/models/heads/, see specwise/models/builtin_heads.py)
+    eagle:DIR           the EAGLE head in DIR (written by `specwise train-drafter --kind eagle`)
+    medusa, medusa:DIR  Medusa heads, built in or from DIR (k at most their number of heads)
     none / off          no speculation (same as leaving the flag out)
 
 k (`--num-speculative-tokens`) is the most draft tokens per sequence per step, at most
@@ -30,7 +34,8 @@ from dataclasses import dataclass
 from specwise.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
-METHODS = ("ngram", "draft", "layer_skip", "suffix", "lookahead")
+METHODS = ("ngram", "draft", "layer_skip", "suffix", "lookahead", "eagle", "medusa")
+HEAD_METHODS = ("eagle", "medusa")      # drafting heads over the target's features; DIR optional
 DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 4     # n-gram sizes of plain `ngram` (why: engine/spec_decode/ngram.py)
 DEFAULT_SUFFIX_DEPTH = 24               # suffix: longest match considered (vLLM's default tree depth)
 DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (<= ~600 bytes each, about 120 MB)
@@ -39,7 +44,8 @@ DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (
 # Jacobi window), 0,3,2 1.81x (no window: its rows cost more than they add on a CPU), ngram 1.51x
 DEFAULT_LOOKAHEAD_WINDOW, DEFAULT_LOOKAHEAD_NGRAM, DEFAULT_LOOKAHEAD_CANDIDATES = 1, 3, 2
 LOOKAHEAD_WINDOW_RANGE, LOOKAHEAD_NGRAM_RANGE, LOOKAHEAD_CANDIDATES_RANGE = (0, 16), (2, 6), (1, 16)
-FORMS = "ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L, suffix[:DEPTH[:CACHE_TOKENS]] or lookahead[:W,N,G]"
+FORMS = ("ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L, suffix[:DEPTH[:CACHE_TOKENS]], lookahead[:W,N,G], "
+         "eagle[:DIR] or medusa[:DIR]")
 _NGRAM_SIZES = re.compile(r"(\d+)(?:-(\d+))?")
 _LOOKAHEAD_SIZES = re.compile(r"(\d+),(\d+),(\d+)")
 _SUFFIX_ARGUMENT = re.compile(r"(\d+)(?::(\d+))?")
@@ -55,6 +61,7 @@ class SpeculativeConfig:
     layer_skip_layers: int | None = None  # layer_skip: how many of the target's first layers draft
     suffix_max_depth: int = DEFAULT_SUFFIX_DEPTH               # suffix: longest match, tokens
     suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS     # suffix: global cache bound, 0 = off
+    head_dir: str | None = None         # eagle / medusa: the head's directory; None = the built-in one
     lookahead_window: int = DEFAULT_LOOKAHEAD_WINDOW           # lookahead: W, Jacobi window columns
     lookahead_ngram: int = DEFAULT_LOOKAHEAD_NGRAM             # lookahead: N, n-gram size (N-1 levels)
     lookahead_candidates: int = DEFAULT_LOOKAHEAD_CANDIDATES   # lookahead: G, candidates verified per step
@@ -75,6 +82,8 @@ class SpeculativeConfig:
             raise ConfigError(f"layer_skip:L needs L >= 1 (how many first layers draft), got {self.layer_skip_layers}")
         if self.method != "layer_skip" and self.layer_skip_layers is not None:
             raise ConfigError(f"a layer count is only used by layer_skip:L, not by {self.method}")
+        if self.method not in HEAD_METHODS and self.head_dir is not None:
+            raise ConfigError(f"a head directory is only used by eagle:DIR or medusa:DIR, not by {self.method}")
         if self.suffix_max_depth < 2:
             raise ConfigError(f"suffix:D needs a match depth D >= 2, got {self.suffix_max_depth}")
         if self.suffix_cache_tokens < 0:
@@ -100,6 +109,8 @@ class SpeculativeConfig:
             if not argument.isdigit():
                 raise ConfigError(f"layer_skip:L needs a whole number of layers L, got {text.strip()!r}")
             return cls("layer_skip", k, layer_skip_layers=int(argument))
+        if method in HEAD_METHODS:
+            return cls(method, k, head_dir=argument or None)
         if method == "suffix":
             if not has_argument:
                 return cls("suffix", k)
@@ -131,6 +142,8 @@ class SpeculativeConfig:
             return f"draft:{self.draft_model}"
         if self.method == "suffix":
             return f"suffix:{self.suffix_max_depth}:{self.suffix_cache_tokens}"
+        if self.method in HEAD_METHODS:
+            return self.method if self.head_dir is None else f"{self.method}:{self.head_dir}"
         if self.method == "lookahead":
             return f"lookahead:{self.lookahead_window},{self.lookahead_ngram},{self.lookahead_candidates}"
         return f"layer_skip:{self.layer_skip_layers}"

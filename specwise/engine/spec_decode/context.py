@@ -3,13 +3,17 @@
 The target's runner gives a drafter the paged KV cache layout (block size, number of
 blocks) and, for self-speculation, the target itself; a drafter with a model of its
 own builds a runner of the same shape so the scheduler's block tables address both.
+A drafter that reads the target's features (EAGLE, Medusa) registers an observer
+(`observe_features`); the engine drops every observer when it switches drafters.
 """
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from specwise.engine.model_runner import ModelRunner
+from specwise.engine.step_features import StepFeatures
 from specwise.models.tokenizer import Tokenizer
 
 
@@ -28,3 +32,7 @@ class ProposerContext:
     @property
     def num_layers(self) -> int:
         return self.runner.model.config.num_hidden_layers
+
+    def observe_features(self, observer: Callable[[StepFeatures], None]) -> None:
+        """Have `observer` called with the target's features of every step (step_features.py)."""
+        self.runner.feature_observers.append(observer)

@@ -7,8 +7,10 @@ from specwise.engine.profiler import measure_grid
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.draft_model import DraftModelProposer
+from specwise.engine.spec_decode.eagle import EagleProposer
 from specwise.engine.spec_decode.layer_skip import LayerSkipProposer
 from specwise.engine.spec_decode.lookahead import LookaheadProposer
+from specwise.engine.spec_decode.medusa import MedusaProposer
 from specwise.engine.spec_decode.ngram import NgramProposer
 from specwise.engine.spec_decode.policy import AutoPolicy, StaticPolicy, StepCost, TablePolicy
 from specwise.engine.spec_decode.proposer import Proposer
@@ -29,6 +31,10 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
                                  config.num_speculative_tokens)
     if config.method == "layer_skip":
         return LayerSkipProposer(context, config.layer_skip_layers)
+    if config.method == "eagle":
+        return EagleProposer(context, config.head_dir)
+    if config.method == "medusa":
+        return MedusaProposer(context, config.head_dir, config.num_speculative_tokens)
     return DraftModelProposer(context, config.draft_model)
 
 

@@ -1,0 +1,97 @@
+"""Write a model as a Hugging Face directory: config.json, model.safetensors (HF parameter names),
+tokenizer.json, tokenizer_config.json (with the chat template) and generation_config.json, the
+files hf_loader.py reads back (and vLLM and transformers load)."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from specwise.models.config import ModelConfig
+from specwise.models.llama import LlamaForCausalLM
+from specwise.models.tokenizer import Tokenizer
+
+ARCHITECTURE_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def hf_config(config: ModelConfig, dtype: torch.dtype) -> dict:
+    eos = config.eos_token_ids
+    return {
+        "architectures": [ARCHITECTURE_CLASSES[config.architecture]],
+        "model_type": config.architecture,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": config.attention_bias,
+        "mlp_bias": False,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else eos,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def tokenizer_config(tokenizer: Tokenizer) -> dict:
+    special = {i: token for i, token in sorted(tokenizer.backend.get_added_tokens_decoder().items()) if token.special}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tokenizer.bos_token or None,
+        "eos_token": tokenizer.eos_token or None,
+        "pad_token": tokenizer.eos_token or None,
+        "unk_token": None,
+        "add_bos_token": tokenizer.add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1_000_000,
+        "additional_special_tokens": [t.content for t in special.values()
+                                      if t.content not in (tokenizer.bos_token, tokenizer.eos_token)],
+        "chat_template": tokenizer.chat_template,
+    }
+
+
+def hf_weights(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's parameters under HF names, q/k/v and gate/up split again (load_weights fuses them)."""
+    config = model.config
+    q_size, kv_size = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach()
+        if name.endswith(".qkv_proj.weight") or name.endswith(".qkv_proj.bias"):
+            prefix, suffix = name.rsplit(".qkv_proj.", 1)
+            for part, piece in zip("qkv", tensor.split([q_size, kv_size, kv_size])):
+                weights[f"model.{prefix}.{part}_proj.{suffix}"] = piece
+        elif name.endswith(".gate_up_proj.weight"):
+            prefix = name.removesuffix(".gate_up_proj.weight")
+            gate, up = tensor.chunk(2)
+            weights[f"model.{prefix}.gate_proj.weight"], weights[f"model.{prefix}.up_proj.weight"] = gate, up
+        elif name == "lm_head.weight":
+            if not config.tie_word_embeddings:
+                weights[name] = tensor
+        else:
+            weights[f"model.{name}"] = tensor
+    return weights
+
+
+def write_hf_dir(out: str | Path, config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
+                 dtype: torch.dtype) -> Path:
+    """HF-named `weights`, cast to `dtype`, with the config and tokenizer files beside them."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.to(dtype).contiguous() for name, tensor in weights.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(config, dtype), indent=2) + "\n")
+    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_ids}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    tokenizer.backend.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tokenizer), indent=2) + "\n")
+    return out
