@@ -82,7 +82,7 @@ def test_expected_tokens_matches_the_worked_example():
 
 
 def test_auto_with_levels_counts_positions_from_the_level_and_cost_from_its_rows():
-    """A draft-tree proposer (lookahead 4,3,4: 16 rows verify 2 positions) offers off or its full size:
+    """A draft-tree proposer (lookahead 4,3,4 at k 2: 16 rows verify 2 positions) offers off or its full size:
     the tokens come from 2 positions, the cost from 1 + 16 tokens per sequence."""
     policy = AutoPolicy(16, memory_then_compute_bound, explore_every=10**9, levels=[(0, 0), (16, 2)])
     for _ in range(400):

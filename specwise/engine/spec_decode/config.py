@@ -12,7 +12,7 @@
     lookahead           lookahead decoding (see specwise/engine/spec_decode/lookahead.py): a Jacobi
                         window of W columns x N-1 levels and up to G candidate N-grams, verified in
                         the same forward
-    lookahead:W,N,G     those sizes, e.g. lookahead:4,3,4 (W 0 turns the Jacobi window off)
+    lookahead:W,N,G     those sizes, e.g. lookahead:1,3,2 (the default; W 0 turns the Jacobi window off)
     eagle               an EAGLE head over the target's features: the built-in one trained for the
                         target (specwise/models/heads/, see specwise/models/builtin_heads.py)
     eagle:DIR           the EAGLE head in DIR (written by `specwise train-drafter --kind eagle`)
@@ -39,8 +39,10 @@ HEAD_METHODS = ("eagle", "medusa")      # drafting heads over the target's featu
 DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 4     # n-gram sizes of plain `ngram` (why: engine/spec_decode/ngram.py)
 DEFAULT_SUFFIX_DEPTH = 24               # suffix: longest match considered (vLLM's default tree depth)
 DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (<= ~600 bytes each, about 120 MB)
-# lookahead: W, N, G chosen by benchmarks/lookahead_speedup.py on the built-in suite (SmolLM2-135M, CPU)
-DEFAULT_LOOKAHEAD_WINDOW, DEFAULT_LOOKAHEAD_NGRAM, DEFAULT_LOOKAHEAD_CANDIDATES = 4, 3, 4
+# lookahead: W, N, G measured by benchmarks/lookahead_speedup.py (SmolLM2-135M, bf16, 1 thread, suite at
+# concurrency 1, k 4): tokens/s over off, geometric mean of 6 categories, 2,3,2 1.66x, 1,3,2 1.73x (best with a
+# Jacobi window), 0,3,2 1.81x (no window: its rows cost more than they add on a CPU), ngram 1.51x
+DEFAULT_LOOKAHEAD_WINDOW, DEFAULT_LOOKAHEAD_NGRAM, DEFAULT_LOOKAHEAD_CANDIDATES = 1, 3, 2
 LOOKAHEAD_WINDOW_RANGE, LOOKAHEAD_NGRAM_RANGE, LOOKAHEAD_CANDIDATES_RANGE = (0, 16), (2, 6), (1, 16)
 FORMS = ("ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L, suffix[:DEPTH[:CACHE_TOKENS]], lookahead[:W,N,G], "
          "eagle[:DIR] or medusa[:DIR]")
