@@ -18,7 +18,7 @@ from specwise.models.hf_writer import hf_weights, write_hf_dir
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.tokenizer import Tokenizer
 from specwise.train.batch import Batch
-from specwise.train.eagle import DraftingHead
+from specwise.train.eagle import DraftingHead, active_index
 from specwise.train.unroll import LayerState, layer_step, rope
 
 
@@ -46,8 +46,7 @@ class DraftObjective:
         self.module.rotary = target.rotary                                        # fp32 tables, not trained
         self.tokenizer, self.kept_layers = tokenizer, kept
         self.active_vocab = active_vocab
-        self.active_index = torch.full((config.vocab_size,), -1, dtype=torch.long)
-        self.active_index[active_vocab] = torch.arange(len(active_vocab))
+        self.active_index = active_index(active_vocab, config.vocab_size)    # [vocab] -> label or -1
 
     def steps(self, batch: Batch, num_steps: int, tokens_for_step, first_chain: int = 0):
         """Yield (step j, hidden [B, C, hidden]): step 1 runs every position; from step 2 row c is the

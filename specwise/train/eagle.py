@@ -42,8 +42,7 @@ class EagleObjective:
         self.embedding = target.embed_tokens.weight.detach().float()           # [vocab, hidden], frozen
         self.lm_head = target.lm_head.weight.detach().float()                  # [vocab, hidden], frozen
         self.active_vocab = active_vocab                                       # [A] token ids
-        self.active_index = torch.full((config.vocab_size,), -1, dtype=torch.long)
-        self.active_index[active_vocab] = torch.arange(len(active_vocab))
+        self.active_index = active_index(active_vocab, config.vocab_size)    # [vocab] -> label or -1
         self.active_head = self.lm_head[active_vocab]                          # [A, hidden]
         self.drafting_head = DraftingHead(self.lm_head)
         self.signature = signature
@@ -107,6 +106,13 @@ class EagleObjective:
         # draft_vocab: the tokens it was trained to predict; the engine drafts through just those LM-head rows
         drafter = DrafterConfig("eagle", self.signature, training=training, draft_vocab=self.active_vocab.tolist())
         save_drafter(out, shipped, drafter, card)
+
+
+def active_index(active_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[vocab_size]: each token id's position in active_vocab (its class in the loss), -1 if absent."""
+    index = torch.full((vocab_size,), -1, dtype=torch.long)
+    index[active_vocab] = torch.arange(len(active_vocab))
+    return index
 
 
 def active_vocabulary(target_next: torch.Tensor, vocab_size: int) -> torch.Tensor:

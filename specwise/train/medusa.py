@@ -16,7 +16,7 @@ from specwise.models.drafter_checkpoint import DrafterConfig, save_drafter
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.medusa import MedusaHeads
 from specwise.train.batch import Batch
-from specwise.train.eagle import DraftingHead
+from specwise.train.eagle import DraftingHead, active_index
 
 
 class MedusaObjective:
@@ -27,8 +27,7 @@ class MedusaObjective:
         self.module = MedusaHeads(config.hidden_size, num_heads).float()
         self.lm_head = target.lm_head.weight.detach().float()                  # [vocab, hidden], frozen
         self.active_vocab = active_vocab                                       # [A] token ids
-        self.active_index = torch.full((config.vocab_size,), -1, dtype=torch.long)
-        self.active_index[active_vocab] = torch.arange(len(active_vocab))
+        self.active_index = active_index(active_vocab, config.vocab_size)    # [vocab] -> label or -1
         self.active_head = self.lm_head[active_vocab]                          # [A, hidden]
         self.drafting_head = DraftingHead(self.lm_head)
         self.signature, self.num_heads = signature, num_heads
