@@ -92,8 +92,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise InputError(f"request id {request_id!r} is already in flight")
         self.check_params(params)
-        seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63))
-        seq.tenant = tenant
+        seq = Sequence(request_id, token_ids, params, seed=self.rng.getrandbits(63), tenant=tenant)
         self.runner.processing.add(seq)
         self.requests[request_id] = seq
         self.outputs.add(seq)

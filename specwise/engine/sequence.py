@@ -17,7 +17,7 @@ class Sequence:
     _ids = itertools.count()
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 seed: int = 0):
+                 seed: int = 0, tenant: str | None = None):
         self.seq_id = next(Sequence._ids)
         self.seed = seed if sampling_params.seed is None else sampling_params.seed
         self.request_id = request_id
@@ -34,7 +34,7 @@ class Sequence:
         self.spec = SpecStats()
         # whose text this is, for drafters that remember responses across requests (suffix's global
         # cache never drafts one tenant's text for another); None = the one default tenant
-        self.tenant: str | None = None
+        self.tenant = tenant
 
     def __len__(self) -> int:
         return len(self.token_ids)
