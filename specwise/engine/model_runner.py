@@ -164,13 +164,13 @@ class ModelRunner:
         for index in emitting:
             num_logits[index] = len(token_ids[index]) - batch.num_new_tokens[index] + 1
         prompt_rows = [self._prompt_rows(seq, count) for seq, count in zip(seqs, batch.num_new_tokens)]
-        starts = [seq.num_computed_tokens for seq in seqs]
+        starts, run_lengths = [seq.num_computed_tokens for seq in seqs], [len(run) for run in token_ids]
         hidden = self.hidden_states(token_ids, starts, [seq.block_table for seq in seqs], trees=trees)  # [rows, hidden]
         if self.feature_observers:
-            features = StepFeatures(seqs, starts, [len(run) for run in token_ids], hidden)
+            features = StepFeatures(seqs, starts, run_lengths, hidden)
             for observe in self.feature_observers:
                 observe(features)
-        logits = self.logits_at(hidden, [len(run) for run in token_ids],
+        logits = self.logits_at(hidden, run_lengths,
                                 [extra + count for extra, count in zip(prompt_rows, num_logits)])  # [rows, vocab]
         if any(prompt_rows):
             logits = self._take_prompt_logprobs(logits, seqs, prompt_rows, num_logits)    # [sum(num_logits), vocab]
