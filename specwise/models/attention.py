@@ -13,13 +13,15 @@ prompts of 47 and 315 tokens costs 362 tokens, not 2 x 315). The runner builds, 
                 sorted by context length and attended to in groups of up to GROUP_SIZE:
 
                   rows           [G * q_len]      the group's query rows in the flat batch
-                  context_slots  [G, context_len] each sequence's key slots, padded with slot 0
+                  block_tables   [G, num_blocks]  each sequence's cache blocks, padded with block 0;
+                                 context_len = num_blocks * block_size key positions
                   bias           [G, q_len, context_len] 0 where query j of sequence i may see the
                                  key (positions 0 .. start_i + j), -inf elsewhere (padding, future);
                                  None when nothing is masked
 
-A group is two batched matmuls with the query heads grouped by the KV head they share (no
-K/V repeat), softmax in fp32. Why groups: per sequence, these matmuls are tiny (a few queries
+A group is one gather of its blocks' keys and values (whole blocks: block_size x head_dim
+values per index, about twice as fast as gathering slot by slot) and two batched matmuls with
+the query heads grouped by the KV head they share (no K/V repeat), softmax in fp32. Why groups: per sequence, these matmuls are tiny (a few queries
 against a few hundred keys) and cost their fixed ~30 us each; one matmul per group pays it
 once, and sorting by length keeps the padding small. Measured on CPU (SmolLM2-135M, context
 100-600): decode steps at batch 64 about 2x faster than one matmul pair per sequence, and SDPA
@@ -45,9 +47,10 @@ class PrefillChunk:
 @dataclass
 class CachedGroup:
     rows: torch.Tensor              # [G * q_len]
-    context_slots: torch.Tensor     # [G, context_len]
-    bias: torch.Tensor | None       # [G, q_len, context_len]
+    block_tables: torch.Tensor      # [G, num_blocks]
+    bias: torch.Tensor | None       # [G, q_len, num_blocks * block_size]
     q_len: int
+    block_size: int
 
 
 @dataclass
@@ -86,19 +89,21 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     num_heads, head_dim = query.shape[1:]
     num_kv_heads = key_cache.shape[0]
     heads_per_kv = num_heads // num_kv_heads
-    num_seqs, context_len = group.context_slots.shape
-    q_len = group.q_len
+    num_seqs, num_blocks = group.block_tables.shape
+    q_len, context_len = group.q_len, num_blocks * group.block_size
     queries = query.index_select(0, group.rows).view(num_seqs, q_len, num_kv_heads, heads_per_kv, head_dim)
-    queries = queries.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, heads_per_kv * q_len, head_dim)
-    flat_slots = group.context_slots.view(-1)
-    keys = key_cache.index_select(1, flat_slots).view(num_kv_heads, num_seqs, context_len, head_dim)
-    values = value_cache.index_select(1, flat_slots).view(num_kv_heads, num_seqs, context_len, head_dim)
-    keys, values = keys.transpose(0, 1), values.transpose(0, 1)           # [G, kv_heads, context_len, head_dim]
-    scores = queries @ keys.transpose(-1, -2) * head_dim ** -0.5         # [G, kv_heads, heads_per_kv * q_len, ctx]
+    queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, num_seqs, heads_per_kv * q_len, head_dim)
+    flat_blocks = group.block_tables.view(-1)
+    # [kv_heads, G, context_len, head_dim] straight from the gather: the matmuls batch over (kv_heads, G),
+    # so the gathered keys and values are never copied again into another layout
+    shape = (num_kv_heads, num_seqs, context_len, head_dim)
+    keys = key_cache.view(num_kv_heads, -1, group.block_size * head_dim).index_select(1, flat_blocks).view(shape)
+    values = value_cache.view(num_kv_heads, -1, group.block_size * head_dim).index_select(1, flat_blocks).view(shape)
+    scores = queries @ keys.transpose(-1, -2) * head_dim ** -0.5         # [kv_heads, G, heads_per_kv * q_len, ctx]
     if group.bias is not None:
-        shape = (num_seqs, num_kv_heads, heads_per_kv, q_len, context_len)
-        scores = (scores.view(shape) + group.bias[:, None, None]).view_as(scores)
+        shape = (num_kv_heads, num_seqs, heads_per_kv, q_len, context_len)
+        scores = (scores.view(shape) + group.bias[None, :, None]).view_as(scores)
     weights = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-    attended = weights @ values                                           # [G, kv_heads, heads_per_kv * q_len, d]
-    attended = attended.view(num_seqs, num_kv_heads, heads_per_kv, q_len, head_dim).permute(0, 3, 1, 2, 4)
+    attended = weights @ values                                           # [kv_heads, G, heads_per_kv * q_len, d]
+    attended = attended.view(num_kv_heads, num_seqs, heads_per_kv, q_len, head_dim).permute(1, 3, 0, 2, 4)
     return attended.reshape(num_seqs * q_len, num_heads * head_dim)
