@@ -22,6 +22,9 @@ DTYPE=${DTYPE:-bfloat16}                  # vLLM's and, unless SPECWISE_DTYPE sa
 SPECWISE_DTYPE=${SPECWISE_DTYPE:-$DTYPE}
 VLLM_ARGS=${VLLM_ARGS---no-enable-prefix-caching}   # specwise has no prefix cache; VLLM_ARGS= keeps vLLM's
 SPECWISE_ARGS=${SPECWISE_ARGS:-}          # more `specwise serve` flags, e.g. --num-threads 1 --quantization int8
+# more specwise arms in the same run, ';'-separated NAME=FLAGS, each its own server with SPECWISE_ARGS + FLAGS,
+# e.g. VARIANTS="t1=--num-threads 1;int4=--quantization int4"
+VARIANTS=${VARIANTS:-}
 SPEC=${SPEC:-}                            # ngram: both servers speculate (n-gram 2..4, K drafts); evaluate runs
 K=${K:-4}                                 # without warm-up and its acceptance is checked against each server's
 if [[ $SPEC == ngram ]]; then             # own counters (benchmarks/check_acceptance.py)
@@ -111,22 +114,35 @@ VLLM_CPU_KVCACHE_SPACE=$KV_CACHE_GB setsid "$VENV/bin/python" -m vllm.entrypoint
 PIDS+=($!)
 wait_healthy vllm "http://127.0.0.1:$VLLM_PORT" $!
 
-SPECWISE_PORT=$(free_port)
-log "starting specwise serve on 127.0.0.1:$SPECWISE_PORT (log: $OUT/specwise.log)"
-setsid "$ROOT/.venv/bin/specwise" serve --model "$MODEL_DIR" --served-model-name smollm2-135m-instruct \
-  --dtype "$SPECWISE_DTYPE" --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" --kv-cache-gb "$KV_CACHE_GB" \
-  --host 127.0.0.1 --port "$SPECWISE_PORT" $SPECWISE_ARGS >"$OUT/specwise.log" 2>&1 &
-PIDS+=($!)
-wait_healthy specwise "http://127.0.0.1:$SPECWISE_PORT" $!
+start_specwise() {  # name extra-flags...
+  local name=$1 port; shift
+  port=$(free_port)
+  log "starting specwise serve ($name) on 127.0.0.1:$port (log: $OUT/$name.log)"
+  # shellcheck disable=SC2086
+  setsid "$ROOT/.venv/bin/specwise" serve --model "$MODEL_DIR" --served-model-name smollm2-135m-instruct \
+    --dtype "$SPECWISE_DTYPE" --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" --kv-cache-gb "$KV_CACHE_GB" \
+    --host 127.0.0.1 --port "$port" $SPECWISE_ARGS "$@" >"$OUT/$name.log" 2>&1 &
+  PIDS+=($!)
+  wait_healthy "$name" "http://127.0.0.1:$port" $!
+  ENDPOINTS+=(--endpoint "$name=http://127.0.0.1:$port")
+  SERVERS+=("$name=http://127.0.0.1:$port")
+}
+ENDPOINTS=(--endpoint "vllm=http://127.0.0.1:$VLLM_PORT")
+SERVERS=("vllm=http://127.0.0.1:$VLLM_PORT")
+start_specwise specwise
+IFS=';' read -r -a VARIANT_LIST <<< "$VARIANTS"
+for variant in "${VARIANT_LIST[@]}"; do
+  [[ $variant == *=* ]] || { echo "VARIANTS entries are NAME=FLAGS, got '$variant'" >&2; exit 2; }
+  # shellcheck disable=SC2086
+  start_specwise "specwise-${variant%%=*}" ${variant#*=}
+done
 
-# 4. One evaluation, both servers as endpoints (arms alternate in rounds at each load point).
+# 4. One evaluation, every server an endpoint (arms alternate in rounds at each load point).
 log "specwise evaluate: concurrency $CONCURRENCY, $DURATION s per point -> $OUT"
-scrape() { curl -sf "http://127.0.0.1:$VLLM_PORT/metrics" >"$OUT/vllm-$1.txt"
-           curl -sf "http://127.0.0.1:$SPECWISE_PORT/metrics" >"$OUT/specwise-$1.txt"; }
+scrape() { for server in "${SERVERS[@]}"; do curl -sf "${server#*=}/metrics" >"$OUT/${server%%=*}-$1.txt"; done; }
 [[ -z $SPEC ]] || { scrape before; EXTRA+=(--warmup 0); }
 "$ROOT/.venv/bin/specwise" evaluate --workload suite --concurrency "$CONCURRENCY" --duration "$DURATION" \
-  --endpoint "vllm=http://127.0.0.1:$VLLM_PORT" --endpoint "specwise=http://127.0.0.1:$SPECWISE_PORT" \
-  --baseline vllm --served-model smollm2-135m-instruct --tokenizer "$MODEL_DIR/tokenizer.json" \
+  "${ENDPOINTS[@]}" --baseline vllm --served-model smollm2-135m-instruct --tokenizer "$MODEL_DIR/tokenizer.json" \
   --no-progress --output "$OUT/evaluate" "${EXTRA[@]}"
 
 "$PY" - "$OUT/evaluate/summary.json" <<'EOF' | tee "$OUT/table.txt"
@@ -134,21 +150,22 @@ import json, sys
 summary = json.load(open(sys.argv[1]))
 rows = {(r["arm"], r["load_value"]): r["metrics"] for r in summary["rows"]
         if r["category"] == "all" and r["load_kind"] == "concurrency"}
-def fmt(value, scale=1.0):
+arms = ["vllm", *sorted({arm for arm, _ in rows if arm != "vllm"})]
+width = max(len(arm) for arm in arms)
+def fmt(value, scale):
     return "-" if value is None else f"{value * scale:.1f}"
 def ratio(a, b):
     return "-" if a is None or not b else f"{a / b:.2f}"
-print(f"{'conc':>4}  {'TPOT mean ms':>24}  {'output tok/s':>24}  {'TTFT p50 ms':>24}")
-print(f"{'':>4}  " + "  ".join(f"{'vllm':>8}{'ours':>8}{'o/v':>8}" for _ in range(3)))
+print(f"{'conc':>4}  {'arm':<{width}}  {'TPOT mean ms':>14}  {'output tok/s':>14}  {'TTFT p50 ms':>14}")
 for conc in sorted({c for _, c in rows}):
-    v, s = rows.get(("vllm", conc)), rows.get(("specwise", conc))
-    cells = []
-    for get, scale in ((lambda m: m["tpot"]["mean"], 1e3), (lambda m: m["output_throughput"], 1.0),
-                       (lambda m: m["ttft"]["p50"], 1e3)):
-        a, b = (get(m) if m else None for m in (v, s))
-        cells.append(f"{fmt(a, scale):>8}{fmt(b, scale):>8}{ratio(b, a):>8}")
-    print(f"{conc:>4g}  " + "  ".join(cells))
-print("o/v = specwise / vLLM (TPOT, TTFT: lower is better; tok/s: higher is better)")
+    for arm in arms:
+        cells = []
+        for get, scale in ((lambda m: m["tpot"]["mean"], 1e3), (lambda m: m["output_throughput"], 1.0),
+                           (lambda m: m["ttft"]["p50"], 1e3)):
+            v, a = (get(m) if m else None for m in (rows.get(("vllm", conc)), rows.get((arm, conc))))
+            cells.append(f"{fmt(a, scale):>8}{'' if arm == 'vllm' else ratio(a, v):>6}")
+        print(f"{conc:>4g}  {arm:<{width}}  " + "  ".join(cells))
+print("each metric: the arm's figure, then arm / vLLM (TPOT, TTFT: lower is better; tok/s: higher is better)")
 EOF
 [[ -z $SPEC ]] || { scrape after; "$PY" "$ROOT/benchmarks/check_acceptance.py" "$OUT" | tee "$OUT/acceptance.txt"; }
 log "results: $OUT"
