@@ -57,11 +57,11 @@ class Attention(nn.Module):
                 kv_cache: KVCache, metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        query, key, value = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        query = query.view(num_tokens, self.num_heads, self.head_dim)
-        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
-        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        query, key = apply_rotary(query, *rope), apply_rotary(key, *rope)
+        qkv = self.qkv_proj(hidden)                                         # [num_tokens, q_size + 2 * kv_size]
+        # the query and key heads rotate together: one rotation's ops instead of two
+        query_key = apply_rotary(qkv[:, :q_size + kv_size].view(num_tokens, -1, self.head_dim), *rope)
+        query, key = query_key.split([self.num_heads, self.num_kv_heads], dim=1)
+        value = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         return self.o_proj(paged_attention(query, key, value, *kv_cache, metadata))
 
 
