@@ -7,6 +7,9 @@ from specwise.errors import ConfigError
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4")     # weight-only formats, see specwise/models/quantize.py
 MAX_SPECULATIVE_TOKENS = 16                  # the largest k anywhere: engine, k tables, arms, calculators
+# A step of up to this many tokens is bound by reading the weights, not by computing: at batch 1 the
+# default model reads its 270 MB in ~25 ms, and one core computes ~1 ms of bf16 matmuls per token
+DECODE_STEP_TOKENS = 32
 
 
 @dataclass
@@ -31,6 +34,10 @@ class EngineConfig:
     num_threads: int | None = field(
         default=None, metadata={"help": "torch threads computing each step (default: torch's choice, one per "
                                         "core; a server may run faster leaving a core to its HTTP loop)"})
+    decode_threads: int | None = field(
+        default=None, metadata={"help": f"torch threads for steps of at most {DECODE_STEP_TOKENS} tokens (decoding a few "
+                                        "sequences mostly reads weights; more threads hardly help); default: as "
+                                        "--num-threads, except `specwise serve`: one core fewer, left to its HTTP loop"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     speculative: str | None = field(
         default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L, suffix, lookahead[:W,N,G], "
@@ -53,8 +60,9 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
+        for name in ("num_threads", "decode_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.kv_cache_gb <= 0:
             raise ConfigError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import TINY_ENGINE
-from specwise.config import EngineConfig
+from specwise.config import DECODE_STEP_TOKENS, EngineConfig
 from specwise.engine.llm import LLM
 from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs, sample
 from specwise.errors import ConfigError, InputError
@@ -379,11 +379,27 @@ def test_bad_sampling_params(kwargs, fragment):
     (dict(kv_cache_gb=0), "kv_cache_gb"),
     (dict(num_kv_blocks=0), "num_kv_blocks"),
     (dict(num_speculative_tokens=17), "num_speculative_tokens"),
+    (dict(num_threads=0), "num_threads"),
+    (dict(decode_threads=0), "decode_threads"),
 ])
 def test_bad_engine_config(kwargs, fragment):
     with pytest.raises(ConfigError) as error:
         EngineConfig(**kwargs)
     assert fragment in one_line(error.value)
+
+
+def test_decode_steps_run_on_decode_threads_and_larger_steps_on_num_threads():
+    previous = torch.get_num_threads()
+    try:
+        engine = LLM(checkpoint=tiny_checkpoint(), **{**TINY_ENGINE, "num_threads": 2, "decode_threads": 1}).engine
+        seen = []
+        engine.runner.execute = lambda batch, proposal, run=engine.runner.execute: (
+            seen.append((batch.num_tokens, torch.get_num_threads())) or run(batch, proposal))
+        engine.add_request(list(range(1, DECODE_STEP_TOKENS + 2)), greedy(max_tokens=3))
+        drain(engine)
+        assert seen == [(DECODE_STEP_TOKENS + 1, 2), (1, 1), (1, 1)]
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("speculative, fragment", [("magic", "unknown speculative method 'magic'"),

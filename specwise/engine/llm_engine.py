@@ -13,7 +13,7 @@ import uuid
 import torch
 
 
-from specwise.config import EngineConfig
+from specwise.config import DECODE_STEP_TOKENS, EngineConfig
 from specwise.engine.block_manager import BlockManager
 from specwise.engine.model_runner import ModelRunner, kv_block_bytes
 from specwise.engine.output_processor import OutputProcessor
@@ -40,6 +40,7 @@ class LLMEngine:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)     # process-wide, as torch has it
+        self.num_threads = torch.get_num_threads()
         self.dtype = compute_dtype(config.dtype, config.device)
         checkpoint = checkpoint or load_checkpoint(config.model, self.dtype)
         self.tokenizer = checkpoint.tokenizer
@@ -152,6 +153,7 @@ class LLMEngine:
         batch = self.scheduler.schedule(self._draft_budget)
         if batch is None:
             return outputs
+        self._set_threads(batch.num_tokens)
         proposal = self._propose(batch)
         started = time.perf_counter()
         emitted = self.runner.execute(batch, proposal)
@@ -160,6 +162,14 @@ class LLMEngine:
         advanced = [self._advance(seq, tokens, batch, proposal, index)
                     for index, (seq, tokens) in enumerate(zip(batch.seqs, emitted))]
         return outputs + [output for output in advanced if output is not None]
+
+    def _set_threads(self, num_tokens: int) -> None:
+        """decode_threads for a step of at most DECODE_STEP_TOKENS tokens, num_threads for a larger one."""
+        if self.config.decode_threads is None:
+            return
+        threads = self.config.decode_threads if num_tokens <= DECODE_STEP_TOKENS else self.num_threads
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     def _draft_budget(self, seq: Sequence) -> int:
         if self.proposer is None or not seq.sampling_params.speculative:
