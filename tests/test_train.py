@@ -101,8 +101,9 @@ def test_unrolled_eagle_chain_matches_the_paged_head(engine, target):
         for step in (2, 3):
             position = start + step - 1
             token = batch.target_next[0, position]
+            visible = torch.zeros(1, 1, 64).masked_fill(torch.arange(64) > position, float("-inf"))
             metadata = AttentionMetadata(torch.tensor([position]), [], [   # the cache is one block of 64 slots
-                CachedGroup(torch.tensor([0]), torch.tensor([[0]]), None, 1, 64, position + 1)])
+                CachedGroup(torch.tensor([0]), torch.tensor([[0]]), visible, 1, 64)])
             predicted = head(predicted[None], embed[token][None], torch.tensor([position]), cache, metadata)[0]
             assert torch.allclose(predicted, unrolled[step - 1], atol=1e-5), step
 

@@ -128,10 +128,11 @@ class ModelRunner:
     def _group(self, q_len: int, members: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]) -> CachedGroup:
         """members: (first query row, start position, context slots, visibility [q_len, len(context)] or None
         for the causal run) of sequences with q_len queries."""
-        context_len = max(len(context) for _, _, context, _ in members)
-        block_tables = torch.zeros(len(members), self.blocks_for(context_len), dtype=torch.long)   # padding: block 0, masked
+        num_blocks = self.blocks_for(max(len(context) for _, _, context, _ in members))
+        block_tables = torch.zeros(len(members), num_blocks, dtype=torch.long)    # padding reads block 0, masked
         for index, (_, _, context, _) in enumerate(members):
             block_tables[index, :self.blocks_for(len(context))] = context[::self.block_size] // self.block_size
+        context_len = num_blocks * self.block_size
         rows = torch.tensor([row + j for row, _, _, _ in members for j in range(q_len)])
         bias = None
         if q_len > 1 or any(len(context) < context_len for _, _, context, _ in members):
@@ -144,7 +145,7 @@ class ModelRunner:
                     visible[index, :, :len(context)] = custom
             bias = torch.zeros(visible.shape, dtype=self.kv_cache.dtype).masked_fill(~visible, float("-inf"))
             bias = bias.to(self.device)
-        return CachedGroup(rows.to(self.device), block_tables.to(self.device), bias, q_len, self.block_size, context_len)
+        return CachedGroup(rows.to(self.device), block_tables.to(self.device), bias, q_len, self.block_size)
 
     def execute(self, batch: ScheduledBatch, proposal: Proposal | None) -> list[list[int]]:
         """Run one scheduled step; returns the tokens each sequence emits (none for a prompt

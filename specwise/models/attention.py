@@ -13,9 +13,10 @@ prompts of 47 and 315 tokens costs 362 tokens, not 2 x 315). The runner builds, 
                 sorted by context length and attended to in groups of up to GROUP_SIZE:
 
                   rows           [G * q_len]      the group's query rows in the flat batch
-                  block_tables   [G, num_blocks]  each sequence's cache blocks, padded with block 0
-                  context_len    the longest context in the group; keys past it (the rest of the
-                                 last blocks) are dropped after the gather
+                  block_tables   [G, num_blocks]  each sequence's cache blocks, padded with block 0;
+                                 context_len = num_blocks * block_size key positions (whole blocks:
+                                 slicing the gathered keys to the longest context made the matmuls
+                                 copy them, which cost more than the masked tail)
                   bias           [G, q_len, context_len] 0 where query j of sequence i may see the
                                  key (positions 0 .. start_i + j), -inf elsewhere (padding, future);
                                  None when nothing is masked
@@ -49,10 +50,9 @@ class PrefillChunk:
 class CachedGroup:
     rows: torch.Tensor              # [G * q_len]
     block_tables: torch.Tensor      # [G, num_blocks]
-    bias: torch.Tensor | None       # [G, q_len, context_len]
+    bias: torch.Tensor | None       # [G, q_len, num_blocks * block_size]
     q_len: int
     block_size: int
-    context_len: int
 
 
 @dataclass
@@ -92,16 +92,15 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     num_kv_heads = key_cache.shape[0]
     heads_per_kv = num_heads // num_kv_heads
     num_seqs, num_blocks = group.block_tables.shape
-    q_len, context_len = group.q_len, group.context_len
+    q_len, context_len = group.q_len, num_blocks * group.block_size
     queries = query.index_select(0, group.rows).view(num_seqs, q_len, num_kv_heads, heads_per_kv, head_dim)
     queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, num_seqs, heads_per_kv * q_len, head_dim)
     flat_blocks = group.block_tables.view(-1)
     # [kv_heads, G, context_len, head_dim] straight from the gather: the matmuls batch over (kv_heads, G),
     # so the gathered keys and values are never copied again into another layout
-    shape = (num_kv_heads, num_seqs, num_blocks * group.block_size, head_dim)
+    shape = (num_kv_heads, num_seqs, context_len, head_dim)
     keys = key_cache.view(num_kv_heads, -1, group.block_size * head_dim).index_select(1, flat_blocks).view(shape)
     values = value_cache.view(num_kv_heads, -1, group.block_size * head_dim).index_select(1, flat_blocks).view(shape)
-    keys, values = keys[:, :, :context_len], values[:, :, :context_len]   # views: the matmuls take the strides
     scores = queries @ keys.transpose(-1, -2) * head_dim ** -0.5         # [kv_heads, G, heads_per_kv * q_len, ctx]
     if group.bias is not None:
         shape = (num_kv_heads, num_seqs, heads_per_kv, q_len, context_len)
