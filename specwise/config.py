@@ -36,8 +36,7 @@ class EngineConfig:
                                         "core; a server may run faster leaving a core to its HTTP loop)"})
     decode_threads: int | None = field(
         default=None, metadata={"help": f"torch threads for steps of at most {DECODE_STEP_TOKENS} tokens (decoding a few "
-                                        "sequences mostly reads weights; more threads hardly help); default: as "
-                                        "--num-threads, except `specwise serve`: one core fewer, left to its HTTP loop"})
+                                        "sequences mostly reads weights); default: as --num-threads"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     speculative: str | None = field(
         default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L, suffix, lookahead[:W,N,G], "

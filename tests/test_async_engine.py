@@ -1,6 +1,7 @@
 """AsyncEngine: concurrent asyncio streams, cancellation aborts, failures and shutdown."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -17,7 +18,7 @@ PATIENCE_S = 10
 
 @pytest.fixture
 def async_engine():
-    engine = AsyncEngine(LLM(checkpoint=tiny_checkpoint(), **TINY_ENGINE).engine)
+    engine = AsyncEngine(lambda: LLM(checkpoint=tiny_checkpoint(), **TINY_ENGINE).engine)
     yield engine
     engine.shutdown()
 
@@ -182,3 +183,32 @@ def test_requests_sent_while_a_step_runs_join_one_prefill(async_engine, monkeypa
     results = asyncio.run(main())
     assert [len(outputs[-1].output_token_ids) for outputs in results] == [3] * 8
     assert prefills[0] == 8
+
+
+def test_the_engine_is_built_and_called_on_the_step_thread():
+    threads = []
+
+    def build():
+        threads.append(threading.current_thread())
+        return LLM(checkpoint=tiny_checkpoint(), **TINY_ENGINE).engine
+
+    async_engine = AsyncEngine(build)
+    try:
+        assert threads == [async_engine.thread]
+        assert async_engine.call(lambda engine: (threading.current_thread(), engine)) == \
+            (async_engine.thread, async_engine.engine)
+        with pytest.raises(ZeroDivisionError):
+            async_engine.call(lambda engine: 1 / 0)
+        assert async_engine.call(lambda engine: engine.has_unfinished()) is False    # still serving
+    finally:
+        async_engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        async_engine.call(lambda engine: None)
+
+
+def test_a_failed_build_raises_in_the_caller():
+    def build():
+        raise InputError("no such model")
+
+    with pytest.raises(InputError, match="no such model"):
+        AsyncEngine(build)

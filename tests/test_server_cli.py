@@ -11,14 +11,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
 
 from specwise.cli import build_parser
 from specwise.cli_args import dataclass_from_args
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError
-from specwise.server.cli import serving_engine_config
 from specwise.server.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,15 +44,6 @@ def test_serve_flags_build_both_configs():
     assert (config.host, config.port, config.api_key, config.max_queue) == ("127.0.0.1", 0, "k", 3)
     engine_config = dataclass_from_args(EngineConfig, args)
     assert (engine_config.max_model_len, engine_config.speculative) == (128, "ngram")
-
-
-def test_serve_decodes_on_one_core_fewer_than_it_prefills(monkeypatch):
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
-    assert serving_engine_config(build_parser().parse_args(["serve"])).decode_threads == 3
-    assert serving_engine_config(build_parser().parse_args(["serve", "--num-threads", "2"])).decode_threads == 1
-    assert serving_engine_config(build_parser().parse_args(["serve", "--num-threads", "1"])).decode_threads == 1
-    args = build_parser().parse_args(["serve", "--decode-threads", "4"])
-    assert serving_engine_config(args).decode_threads == 4
 
 
 def free_port() -> int:

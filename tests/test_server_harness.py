@@ -38,7 +38,7 @@ class ServerThread:
     def __init__(self, engine: LLMEngine, config: ServerConfig):
         self.engine = engine
         self.config = config
-        self.app = create_app(AsyncEngine(engine), config)
+        self.app = create_app(AsyncEngine(lambda: engine), config)
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", 0))
         self.base_url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"

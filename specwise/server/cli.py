@@ -23,18 +23,6 @@ def uvicorn_config(app, config: ServerConfig):
                           timeout_graceful_shutdown=config.shutdown_timeout)
 
 
-def serving_engine_config(args) -> EngineConfig:
-    """The engine flags, decode_threads defaulting to one core fewer than prefill steps use: decoding on every
-    core made TPOT at concurrency 1 ~1.3x worse (the HTTP loop then competes with the compute threads), while
-    prefill steps run ~1.8x faster on two cores than on one (benchmarks/README.md, "vs_vllm.sh")."""
-    import torch
-
-    engine_config = dataclass_from_args(EngineConfig, args)
-    if engine_config.decode_threads is None:
-        engine_config.decode_threads = max(1, (engine_config.num_threads or torch.get_num_threads()) - 1)
-    return engine_config
-
-
 def run_serve(args) -> int:
     import uvicorn
 
@@ -43,11 +31,11 @@ def run_serve(args) -> int:
     from specwise.server.app import api_keys, create_app
 
     config = dataclass_from_args(ServerConfig, args)
-    engine_config = serving_engine_config(args)
+    engine_config = dataclass_from_args(EngineConfig, args)
     if not config.is_loopback and not api_keys(config):
         print(f"specwise: warning: serving on {config.host} without an API key: anyone who can reach this "
               f"address can use the model", file=sys.stderr)
-    app = create_app(AsyncEngine(LLMEngine(engine_config)), config)
+    app = create_app(AsyncEngine(lambda: LLMEngine(engine_config)), config)   # built on the step thread
     print(f"specwise: serving {app.state.model!r} on http://{config.host}:{config.port}/v1", file=sys.stderr)
     try:
         uvicorn.Server(uvicorn_config(app, config)).run()

@@ -40,18 +40,23 @@ class EngineTarget:
 
     def _switch_drafter(self) -> None:
         """In a worker thread: wait for requests cut off by the previous arm to be aborted
-        (the step thread does that before its next step), then switch."""
+        (the step thread does that before its next step), then switch, on the step thread (a drafter
+        may load weights: torch work stays on that thread, see async_engine.py)."""
         deadline = time.monotonic() + SWITCH_TIMEOUT
         while True:
-            with self.async_engine.lock:            # the step thread holds it while stepping
-                if not self.engine.has_unfinished():
-                    self.engine.set_speculative(self.arm.spec, self.arm.k or 0)
-                    self.serving["arm"] = self.name
-                    return
+            if self.async_engine.call(self._switch_when_idle):
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"arm {self.name}: the engine still has requests in flight after "
                                    f"{SWITCH_TIMEOUT:g} s; cannot switch the drafter")
             time.sleep(0.05)
+
+    def _switch_when_idle(self, engine) -> bool:
+        if engine.has_unfinished():
+            return False
+        engine.set_speculative(self.arm.spec, self.arm.k or 0)
+        self.serving["arm"] = self.name
+        return True
 
     async def close(self) -> None:
         pass
@@ -94,8 +99,7 @@ def build_engine_targets(engine_config: EngineConfig, arms: list[ArmSpec], tempe
     first = arms[0]
     config = dataclasses.replace(engine_config, speculative=first.spec,
                                  num_speculative_tokens=first.k or engine_config.num_speculative_tokens)
-    engine = LLMEngine(config, checkpoint)
-    async_engine = AsyncEngine(engine)
+    async_engine = AsyncEngine(lambda: LLMEngine(config, checkpoint))     # built on its step thread
     serving = {"arm": None}
     targets = [EngineTarget(arm, async_engine, temperature, seed, serving) for arm in arms]
-    return targets, engine.tokenizer, async_engine
+    return targets, async_engine.engine.tokenizer, async_engine
