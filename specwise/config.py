@@ -33,7 +33,7 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "engine seed for requests without their own"})
     num_threads: int | None = field(
         default=None, metadata={"help": "torch threads computing each step (default: torch's choice, one per "
-                                        "core; a server may run faster leaving a core to its HTTP loop)"})
+                                        "core)"})
     decode_threads: int | None = field(
         default=None, metadata={"help": f"torch threads for steps of at most {DECODE_STEP_TOKENS} tokens (decoding a few "
                                         "sequences mostly reads weights); default: as --num-threads"})

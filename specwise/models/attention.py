@@ -23,9 +23,10 @@ prompts of 47 and 315 tokens costs 362 tokens, not 2 x 315). The runner builds, 
 
 A group is one gather of its blocks' keys and values (whole blocks: block_size x head_dim
 values per index, about twice as fast as gathering slot by slot) and two batched matmuls with
-the query heads grouped by the KV head they share (no K/V repeat), softmax in fp32. Why groups: per sequence, these matmuls are tiny (a few queries
-against a few hundred keys) and cost their fixed ~30 us each; one matmul per group pays it
-once, and sorting by length keeps the padding small. Measured on CPU (SmolLM2-135M, context
+the query heads grouped by the KV head they share (no K/V repeat), softmax in fp32. Why
+groups: per sequence, these matmuls are tiny (a few queries against a few hundred keys) and
+cost their fixed ~30 us each; one matmul per group pays it once, and sorting by length keeps
+the padding small. Measured on CPU (SmolLM2-135M, context
 100-600): decode steps at batch 64 about 2x faster than one matmul pair per sequence, and SDPA
 was 5x slower than these matmuls in bf16 for one query (its fixed cost per call).
 Keys are read by position, so a rejected draft token's K/V is simply overwritten next step:
