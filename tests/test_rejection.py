@@ -33,15 +33,6 @@ PROCESSING = {
 }
 
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """These tensors are small: intra-op threads only contend with other processes on a shared machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 def processed_probs(logits, temperature, top_k, top_p):
     num_rows = logits.shape[0]
     return logits_to_probs(logits, SamplingTensors.build([temperature] * num_rows, [top_k] * num_rows,

@@ -21,14 +21,6 @@ from test_rejection import (MAX_K, SEQ_LEN, SIGNIFICANCE, VOCAB_SIZE, chi_square
 NUM_TRIALS = 6_000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_a_chain_gives_the_chain_verifiers_tokens():
     target_table, _, _ = make_case("top_k_top_p")
     generator = torch.Generator().manual_seed(3)

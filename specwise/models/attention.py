@@ -26,9 +26,9 @@ values per index, about twice as fast as gathering slot by slot) and two batched
 the query heads grouped by the KV head they share (no K/V repeat), softmax in fp32. Why
 groups: per sequence, these matmuls are tiny (a few queries against a few hundred keys) and
 cost their fixed ~30 us each; one matmul per group pays it once, and sorting by length keeps
-the padding small. Measured on CPU (SmolLM2-135M, context
-100-600): decode steps at batch 64 about 2x faster than one matmul pair per sequence, and SDPA
-was 5x slower than these matmuls in bf16 for one query (its fixed cost per call).
+the padding small. Measured on CPU (SmolLM2-135M, context 100-600): decode steps at batch 64
+about 2x faster than one matmul pair per sequence, and SDPA was 5x slower than these matmuls
+in bf16 for one query (its fixed cost per call).
 Keys are read by position, so a rejected draft token's K/V is simply overwritten next step:
 rollback costs nothing.
 """

@@ -28,7 +28,7 @@ class EngineTarget:
                  serving: dict | None = None):
         self.name, self.method, self.arm = arm.name, arm.method, arm
         self.serving = {"arm": None} if serving is None else serving     # shared: whose drafter is loaded
-        self.engine, self.async_engine = async_engine.engine, async_engine
+        self.async_engine = async_engine
         self.temperature, self.seed = temperature, seed
 
     async def start(self) -> None:
