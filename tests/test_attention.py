@@ -1,0 +1,43 @@
+"""Grouped paged attention (models/attention.py) against plain per-sequence softmax attention."""
+
+import torch
+
+from specwise.models.attention import CachedGroup, grouped_attention
+
+
+def test_value_bags_list_each_rows_context_slots_per_kv_head():
+    group = CachedGroup(torch.tensor([0, 1]), torch.tensor([[3], [1]]), None, 1, block_size=2)
+    indices, offsets = group.value_bags(num_kv_heads=1, num_slots=8, rows_per_seq=1)
+    assert indices.tolist() == [6, 7, 2, 3]
+    assert offsets.tolist() == [0, 2]
+    indices, offsets = group.value_bags(num_kv_heads=2, num_slots=8, rows_per_seq=2)
+    # (kv head, sequence, row) order; kv head 1 reads slots 8 further on
+    assert indices.view(-1, 2).tolist() == [[6, 7], [6, 7], [2, 3], [2, 3], [14, 15], [14, 15], [10, 11], [10, 11]]
+    assert offsets.tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
+
+
+def test_grouped_attention_matches_softmax_attention_per_sequence():
+    torch.manual_seed(0)
+    num_heads, num_kv_heads, head_dim, block_size, num_slots = 6, 2, 8, 4, 64
+    key_cache = torch.randn(num_kv_heads, num_slots, head_dim)
+    value_cache = torch.randn(num_kv_heads, num_slots, head_dim)
+    block_tables = torch.tensor([[5, 2, 9], [7, 0, 0]])                 # 12 and 4 slots; the second padded
+    starts, q_len = [9, 2], 2                                              # query j sits at start + j
+    context_len = 3 * block_size
+    visible = torch.arange(context_len).view(1, 1, -1) <= (torch.tensor(starts).view(-1, 1) + torch.arange(q_len))[..., None]
+    bias = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+    query = torch.randn(2 * q_len, num_heads, head_dim)
+    group = CachedGroup(torch.tensor([2, 3, 0, 1]), block_tables, bias, q_len, block_size)   # rows out of order
+    out = grouped_attention(query, key_cache, value_cache, group)
+
+    for index, (table, start) in enumerate(zip(block_tables, starts)):
+        slots = (table.view(-1, 1) * block_size + torch.arange(block_size)).view(-1)
+        for j in range(q_len):
+            row = group.rows[index * q_len + j]
+            seen = slots[:start + j + 1]
+            for head in range(num_heads):
+                kv = head // (num_heads // num_kv_heads)
+                weights = torch.softmax(key_cache[kv, seen] @ query[row, head] / head_dim ** 0.5, dim=0)
+                expected = weights @ value_cache[kv, seen]
+                got = out[index * q_len + j, head * head_dim:(head + 1) * head_dim]
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
