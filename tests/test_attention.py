@@ -24,7 +24,8 @@ def test_grouped_attention_matches_softmax_attention_per_sequence():
     block_tables = torch.tensor([[5, 2, 9], [7, 0, 0]])                 # 12 and 4 slots; the second padded
     starts, q_len = [9, 2], 2                                              # query j sits at start + j
     context_len = 3 * block_size
-    visible = torch.arange(context_len).view(1, 1, -1) <= (torch.tensor(starts).view(-1, 1) + torch.arange(q_len))[..., None]
+    last_visible = torch.tensor(starts).view(-1, 1) + torch.arange(q_len)      # [G, q_len]
+    visible = torch.arange(context_len).view(1, 1, -1) <= last_visible[..., None]
     bias = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
     query = torch.randn(2 * q_len, num_heads, head_dim)
     group = CachedGroup(torch.tensor([2, 3, 0, 1]), block_tables, bias, q_len, block_size)   # rows out of order
