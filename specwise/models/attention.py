@@ -60,22 +60,34 @@ class CachedGroup:
     bias: torch.Tensor | None       # [G, q_len, num_blocks * block_size]
     q_len: int
     block_size: int
-    bags: dict = field(default_factory=dict, repr=False)   # value_bags, built once per step, used by every layer
+    # key_rows and value_bags, built at the first layer of a step and used by every layer
+    indices: dict = field(default_factory=dict, repr=False)
+
+    def key_rows(self, num_kv_heads: int, num_cache_blocks: int) -> torch.Tensor:
+        """[kv_heads * G * num_blocks] rows of the key cache viewed as [kv_heads * num_cache_blocks,
+        block_size * head_dim]: one index_select over dim 0 gathers every KV head's blocks, on all threads
+        (over dim 1 of [kv_heads, blocks, ...] PyTorch gathers on one thread: 2x slower on two cores).
+        Example: block_tables [[3], [1]], two KV heads, 8 cache blocks: rows [3, 1, 11, 9]."""
+        key = ("keys", num_kv_heads, num_cache_blocks)
+        if key not in self.indices:
+            heads = torch.arange(num_kv_heads, device=self.block_tables.device).view(-1, 1) * num_cache_blocks
+            self.indices[key] = (heads + self.block_tables.view(1, -1)).view(-1)
+        return self.indices[key]
 
     def value_bags(self, num_kv_heads: int, num_slots: int, rows_per_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """embedding_bag indices [kv_heads * G * rows_per_seq * context_len] into the value cache viewed as
         [kv_heads * num_slots, head_dim], bag by bag in (kv head, sequence, row) order, and bag offsets.
         Example: block_size 2, block_tables [[3], [1]], one KV head, one row: bags [6, 7] and [2, 3]."""
-        key = (num_kv_heads, num_slots, rows_per_seq)
-        if key not in self.bags:
+        key = ("values", num_kv_heads, num_slots, rows_per_seq)
+        if key not in self.indices:
             num_seqs, num_blocks = self.block_tables.shape
             slots = (self.block_tables.unsqueeze(-1) * self.block_size
                      + torch.arange(self.block_size, device=self.block_tables.device)).view(num_seqs, 1, -1)
             heads = torch.arange(num_kv_heads, device=slots.device).view(-1, 1, 1, 1) * num_slots
             indices = (heads + slots).expand(num_kv_heads, num_seqs, rows_per_seq, -1).reshape(-1)
             context_len = num_blocks * self.block_size
-            self.bags[key] = indices, torch.arange(0, indices.numel(), context_len, device=slots.device)
-        return self.bags[key]
+            self.indices[key] = indices, torch.arange(0, indices.numel(), context_len, device=slots.device)
+        return self.indices[key]
 
 
 @dataclass
@@ -120,7 +132,8 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, num_seqs, heads_per_kv * q_len, head_dim)
     # [kv_heads, G, context_len, head_dim] straight from the gather: the matmul batches over (kv_heads, G),
     # so the gathered keys are never copied again into another layout
-    keys = key_cache.view(num_kv_heads, -1, group.block_size * head_dim).index_select(1, group.block_tables.view(-1))
+    block_keys = key_cache.view(-1, group.block_size * head_dim)      # [kv_heads * cache blocks, block]
+    keys = block_keys.index_select(0, group.key_rows(num_kv_heads, block_keys.shape[0] // num_kv_heads))
     keys = keys.view(num_kv_heads, num_seqs, context_len, head_dim)
     scores = queries @ keys.transpose(-1, -2) * head_dim ** -0.5         # [kv_heads, G, heads_per_kv * q_len, ctx]
     if group.bias is not None:
