@@ -135,11 +135,13 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     block_keys = key_cache.view(-1, group.block_size * head_dim)      # [kv_heads * cache blocks, block]
     keys = block_keys.index_select(0, group.key_rows(num_kv_heads, block_keys.shape[0] // num_kv_heads))
     keys = keys.view(num_kv_heads, num_seqs, context_len, head_dim)
-    scores = queries @ keys.transpose(-1, -2) * head_dim ** -0.5         # [kv_heads, G, heads_per_kv * q_len, ctx]
-    if group.bias is not None:
+    scores = queries @ keys.transpose(-1, -2)                             # [kv_heads, G, heads_per_kv * q_len, ctx]
+    if group.bias is None:
+        scores = scores.mul_(head_dim ** -0.5)
+    else:   # bias + scale * scores in one op (the bias is 0 or -inf: the same numbers as scaling, then adding)
         shape = (num_kv_heads, num_seqs, heads_per_kv, q_len, context_len)
-        scores = (scores.view(shape) + group.bias[None, :, None]).view_as(scores)
-    weights = torch.softmax(scores.float(), dim=-1).to(value_cache.dtype)
+        scores = torch.add(group.bias[None, :, None], scores.view(shape), alpha=head_dim ** -0.5).view_as(scores)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value_cache.dtype)
     # weights @ values without gathering the values: each (kv head, sequence, query row) is one bag of its
     # context's cache rows, summed with its weights (padding rows weigh 0)
     indices, offsets = group.value_bags(num_kv_heads, value_cache.shape[1], heads_per_kv * q_len)

@@ -39,8 +39,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        # HF normalizes in fp32, rounds to x's dtype, then scales: F.rms_norm computes a bf16 input in fp32
+        # and rounds once, the same numbers (the weight inside it would scale before rounding: not the same)
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 class Attention(nn.Module):
