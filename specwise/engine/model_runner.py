@@ -116,18 +116,24 @@ class ModelRunner:
                 visible = None if tree is None else tree.attention_mask(start + 1)
                 cached.setdefault((len(run), tree is not None), []).append((row, start, context, visible))
             row += len(run)
-        groups = [self._group(q_len, members[index:index + GROUP_SIZE])
-                  for (q_len, _), seqs in cached.items()
-                  for members in [sorted(seqs, key=lambda seq: len(seq[2]))]
-                  for index in range(0, len(members), GROUP_SIZE)]
+        (q_len, _), only = next(iter(cached.items())) if len(cached) == 1 else ((0, None), [])
+        if not prefills and 0 < len(only) <= GROUP_SIZE:
+            # one group is the whole batch, in row order: attention takes and gives the rows as they are
+            groups = [self._group(q_len, only, whole_batch=True)]
+        else:
+            groups = [self._group(q_len, members[index:index + GROUP_SIZE])
+                      for (q_len, _), seqs in cached.items()
+                      for members in [sorted(seqs, key=lambda seq: len(seq[2]))]
+                      for index in range(0, len(members), GROUP_SIZE)]
         device = self.device
         input_ids = torch.tensor([token for run in token_ids for token in run], device=device)
         metadata = AttentionMetadata(torch.cat(new_slots).to(device), prefills, groups)
         return input_ids, torch.tensor(positions, device=device), metadata
 
-    def _group(self, q_len: int, members: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]) -> CachedGroup:
+    def _group(self, q_len: int, members: list[tuple[int, int, torch.Tensor, torch.Tensor | None]],
+               whole_batch: bool = False) -> CachedGroup:
         """members: (first query row, start position, context slots, visibility [q_len, len(context)] or None
-        for the causal run) of sequences with q_len queries."""
+        for the causal run) of sequences with q_len queries; whole_batch: they are every row, in order."""
         num_blocks = self.blocks_for(max(len(context) for _, _, context, _ in members))
         block_tables = torch.zeros(len(members), num_blocks, dtype=torch.long)    # padding reads block 0, masked
         for index, (_, _, context, _) in enumerate(members):
@@ -145,7 +151,8 @@ class ModelRunner:
                     visible[index, :, :len(context)] = custom
             bias = torch.zeros(visible.shape, dtype=self.kv_cache.dtype).masked_fill(~visible, float("-inf"))
             bias = bias.to(self.device)
-        return CachedGroup(rows.to(self.device), block_tables.to(self.device), bias, q_len, self.block_size)
+        rows = None if whole_batch else rows.to(self.device)
+        return CachedGroup(rows, block_tables.to(self.device), bias, q_len, self.block_size)
 
     def execute(self, batch: ScheduledBatch, proposal: Proposal | None) -> list[list[int]]:
         """Run one scheduled step; returns the tokens each sequence emits (none for a prompt

@@ -12,7 +12,8 @@ prompts of 47 and 315 tokens costs 362 tokens, not 2 x 315). The runner builds, 
                 reads its context from the cache. Sequences with the same number of queries are
                 sorted by context length and attended to in groups of up to GROUP_SIZE:
 
-                  rows           [G * q_len]      the group's query rows in the flat batch
+                  rows           [G * q_len]      the group's query rows in the flat batch; None when the
+                                 group is the whole batch in row order (no copy in or out)
                   block_tables   [G, num_blocks]  each sequence's cache blocks, padded with block 0;
                                  context_len = num_blocks * block_size key positions (whole blocks:
                                  slicing the gathered keys to the longest context made the matmuls
@@ -55,7 +56,7 @@ class PrefillChunk:
 
 @dataclass
 class CachedGroup:
-    rows: torch.Tensor              # [G * q_len]
+    rows: torch.Tensor | None       # [G * q_len]; None: the group is the whole batch, rows in order
     block_tables: torch.Tensor      # [G, num_blocks]
     bias: torch.Tensor | None       # [G, q_len, num_blocks * block_size]
     q_len: int
@@ -106,6 +107,8 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     key, value = key.transpose(0, 1), value.transpose(0, 1)               # [kv_heads, num_tokens, head_dim]
     key_cache.index_copy_(1, metadata.slot_mapping, key)
     value_cache.index_copy_(1, metadata.slot_mapping, value)
+    if not metadata.prefills and len(metadata.groups) == 1 and metadata.groups[0].rows is None:
+        return grouped_attention(query, key_cache, value_cache, metadata.groups[0])
     output = query.new_empty(num_tokens, num_heads * head_dim)
     for chunk in metadata.prefills:
         rows = slice(chunk.start, chunk.end)
@@ -121,14 +124,15 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       group: CachedGroup) -> torch.Tensor:
-    """One group's attention: [G * q_len, heads * head_dim], rows in group.rows order.
+    """One group's attention: [G * q_len, heads * head_dim], rows in group.rows order (batch order if None).
     Head h reads KV head h // heads_per_kv (the GQA convention)."""
     num_heads, head_dim = query.shape[1:]
     num_kv_heads = key_cache.shape[0]
     heads_per_kv = num_heads // num_kv_heads
     num_seqs, num_blocks = group.block_tables.shape
     q_len, context_len = group.q_len, num_blocks * group.block_size
-    queries = query.index_select(0, group.rows).view(num_seqs, q_len, num_kv_heads, heads_per_kv, head_dim)
+    queries = query if group.rows is None else query.index_select(0, group.rows)
+    queries = queries.view(num_seqs, q_len, num_kv_heads, heads_per_kv, head_dim)
     queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, num_seqs, heads_per_kv * q_len, head_dim)
     # [kv_heads, G, context_len, head_dim] straight from the gather: the matmul batches over (kv_heads, G),
     # so the gathered keys are never copied again into another layout

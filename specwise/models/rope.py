@@ -41,18 +41,19 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, rope_theta, rope_scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)                       # [max_positions, head_dim]
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        # sin carries rotate-half's sign: rotate_half(x) * sin == x.roll(head_dim // 2) * [-sin, sin] (see apply_rotary)
+        self.register_buffer("cos", torch.cat([angles, angles], dim=-1).cos().float(), persistent=False)
+        self.register_buffer("sin", torch.cat([-angles, angles], dim=-1).sin().float(), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [num_tokens] -> cos, sin [num_tokens, 1, head_dim], once per forward."""
+        """positions [num_tokens] -> cos, signed sin [num_tokens, 1, head_dim], once per forward."""
         cos = F.embedding(positions, self.cos).unsqueeze(-2).to(dtype)
         sin = F.embedding(positions, self.sin).unsqueeze(-2).to(dtype)
         return cos, sin
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [num_tokens, heads, head_dim] rotated by its positions' angles (cos, sin [num_tokens, 1, head_dim])."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+    """x [num_tokens, heads, head_dim] rotated by its positions' angles (cos, signed sin [num_tokens, 1, head_dim]
+    from RotaryEmbedding). HF's x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]: rolling x by half
+    gives [x2, x1] and the sign sits in sin, one op fewer and the same numbers (negation is exact)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
