@@ -1,5 +1,6 @@
 """Grouped paged attention (models/attention.py) against plain per-sequence softmax attention."""
 
+import pytest
 import torch
 
 from specwise.models.attention import CachedGroup, grouped_attention
@@ -7,28 +8,30 @@ from specwise.models.attention import CachedGroup, grouped_attention
 
 def test_value_bags_list_each_rows_context_slots_per_kv_head():
     group = CachedGroup(torch.tensor([0, 1]), torch.tensor([[3], [1]]), None, 1, block_size=2)
-    indices, offsets = group.value_bags(num_kv_heads=1, num_slots=8, rows_per_seq=1)
+    indices, offsets = group.value_bags(num_kv_heads=1, num_slots=8, heads_per_kv=1)
     assert indices.tolist() == [6, 7, 2, 3]
     assert offsets.tolist() == [0, 2]
-    indices, offsets = group.value_bags(num_kv_heads=2, num_slots=8, rows_per_seq=2)
-    # (kv head, sequence, row) order; kv head 1 reads slots 8 further on
+    indices, offsets = group.value_bags(num_kv_heads=2, num_slots=8, heads_per_kv=2)
+    # (kv head, sequence, query head) order; kv head 1 reads slots 8 further on
     assert indices.view(-1, 2).tolist() == [[6, 7], [6, 7], [2, 3], [2, 3], [14, 15], [14, 15], [10, 11], [10, 11]]
     assert offsets.tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
 
 
-def test_grouped_attention_matches_softmax_attention_per_sequence():
+@pytest.mark.parametrize("q_len", [1, 2])     # decode (values summed in bags), several queries (a matmul)
+def test_grouped_attention_matches_softmax_attention_per_sequence(q_len):
     torch.manual_seed(0)
     num_heads, num_kv_heads, head_dim, block_size, num_slots = 6, 2, 8, 4, 64
     key_cache = torch.randn(num_kv_heads, num_slots, head_dim)
     value_cache = torch.randn(num_kv_heads, num_slots, head_dim)
     block_tables = torch.tensor([[5, 2, 9], [7, 0, 0]])                 # 12 and 4 slots; the second padded
-    starts, q_len = [9, 2], 2                                              # query j sits at start + j
+    starts = [9, 2]                                                        # query j sits at start + j
     context_len = 3 * block_size
     last_visible = torch.tensor(starts).view(-1, 1) + torch.arange(q_len)      # [G, q_len]
     visible = torch.arange(context_len).view(1, 1, -1) <= last_visible[..., None]
     bias = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
     query = torch.randn(2 * q_len, num_heads, head_dim)
-    group = CachedGroup(torch.tensor([2, 3, 0, 1]), block_tables, bias, q_len, block_size)   # rows out of order
+    rows = torch.arange(2 * q_len).flip(0)                                 # rows out of order
+    group = CachedGroup(rows, block_tables, bias, q_len, block_size)
     out = grouped_attention(query, key_cache, value_cache, group)
 
     for index, (table, start) in enumerate(zip(block_tables, starts)):

@@ -24,11 +24,14 @@ prompts of 47 and 315 tokens costs 362 tokens, not 2 x 315). The runner builds, 
 
 A group is one gather of its blocks' keys (whole blocks: block_size x head_dim values per
 index, about twice as fast as gathering slot by slot), one batched matmul for the scores with
-the query heads grouped by the KV head they share (no K/V repeat), softmax in fp32, and one
-`embedding_bag` for weights @ values: each (KV head, sequence, query row) is a bag of its
-context's value-cache rows, summed with the softmax weights, so the values are read in place
-and never gathered (FBGEMM's fused kernel; engine decode steps 8% faster at batch 4, 16-20% at
-batch 16-64, context 150-450, than gathering the values for a second matmul). Why groups: per
+the query heads grouped by the KV head they share (no K/V repeat), softmax in fp32, then the
+values. Decoding (one query a sequence) sums them in place with `embedding_bag`: each (KV head,
+sequence, query head) is a bag of its context's value-cache rows weighted by the softmax, read
+where they lie, never gathered (FBGEMM's fused kernel; engine decode steps 8% faster at batch
+4, 16-20% at batch 16-64, context 150-450, than gathering the values for a second matmul).
+With several queries a sequence (verification, a later prompt chunk) every bag would read each
+value row again, so the values are gathered for a second matmul, which reads them once.
+Why groups: per
 sequence, these ops are tiny (a few queries against a few hundred keys) and cost their fixed
 ~30 us each; one op per group pays it once, and sorting by length keeps the padding small.
 Measured on CPU (SmolLM2-135M, context 100-600): decode steps at batch 64 about 2x faster than
@@ -75,17 +78,18 @@ class CachedGroup:
             self.indices[key] = (heads + self.block_tables.view(1, -1)).view(-1)
         return self.indices[key]
 
-    def value_bags(self, num_kv_heads: int, num_slots: int, rows_per_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """embedding_bag indices [kv_heads * G * rows_per_seq * context_len] into the value cache viewed as
-        [kv_heads * num_slots, head_dim], bag by bag in (kv head, sequence, row) order, and bag offsets.
-        Example: block_size 2, block_tables [[3], [1]], one KV head, one row: bags [6, 7] and [2, 3]."""
-        key = ("values", num_kv_heads, num_slots, rows_per_seq)
+    def value_bags(self, num_kv_heads: int, num_slots: int, heads_per_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode (one query a sequence): embedding_bag indices [kv_heads * G * heads_per_kv * context_len] into
+        the value cache viewed as [kv_heads * num_slots, head_dim], bag by bag in (kv head, sequence, query head)
+        order, and bag offsets.
+        Example: block_size 2, block_tables [[3], [1]], one KV head, one query head: bags [6, 7] and [2, 3]."""
+        key = ("values", num_kv_heads, num_slots, heads_per_kv)
         if key not in self.indices:
             num_seqs, num_blocks = self.block_tables.shape
             slots = (self.block_tables.unsqueeze(-1) * self.block_size
                      + torch.arange(self.block_size, device=self.block_tables.device)).view(num_seqs, 1, -1)
             heads = torch.arange(num_kv_heads, device=slots.device).view(-1, 1, 1, 1) * num_slots
-            indices = (heads + slots).expand(num_kv_heads, num_seqs, rows_per_seq, -1).reshape(-1)
+            indices = (heads + slots).expand(num_kv_heads, num_seqs, heads_per_kv, -1).reshape(-1)
             context_len = num_blocks * self.block_size
             self.indices[key] = indices, torch.arange(0, indices.numel(), context_len, device=slots.device)
         return self.indices[key]
@@ -136,8 +140,8 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, num_seqs, heads_per_kv * q_len, head_dim)
     # [kv_heads, G, context_len, head_dim] straight from the gather: the matmul batches over (kv_heads, G),
     # so the gathered keys are never copied again into another layout
-    block_keys = key_cache.view(-1, group.block_size * head_dim)      # [kv_heads * cache blocks, block]
-    keys = block_keys.index_select(0, group.key_rows(num_kv_heads, block_keys.shape[0] // num_kv_heads))
+    rows = group.key_rows(num_kv_heads, key_cache.shape[1] // group.block_size)
+    keys = key_cache.view(-1, group.block_size * head_dim).index_select(0, rows)  # [kv_heads * G * blocks, block]
     keys = keys.view(num_kv_heads, num_seqs, context_len, head_dim)
     scores = queries @ keys.transpose(-1, -2)                             # [kv_heads, G, heads_per_kv * q_len, ctx]
     if group.bias is None:
@@ -146,10 +150,15 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
         shape = (num_kv_heads, num_seqs, heads_per_kv, q_len, context_len)
         scores = torch.add(group.bias[None, :, None], scores.view(shape), alpha=head_dim ** -0.5).view_as(scores)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value_cache.dtype)
-    # weights @ values without gathering the values: each (kv head, sequence, query row) is one bag of its
-    # context's cache rows, summed with its weights (padding rows weigh 0)
-    indices, offsets = group.value_bags(num_kv_heads, value_cache.shape[1], heads_per_kv * q_len)
-    attended = F.embedding_bag(indices, value_cache.view(-1, head_dim), offsets, mode="sum",
-                               per_sample_weights=weights.view(-1))  # [kv_heads * G * heads_per_kv * q_len, d]
+    if q_len == 1:
+        # decode: weights @ values without gathering the values; each (kv head, sequence, query head) is one bag
+        # of its context's cache rows, summed with its weights (padding rows weigh 0)
+        indices, offsets = group.value_bags(num_kv_heads, value_cache.shape[1], heads_per_kv)
+        attended = F.embedding_bag(indices, value_cache.view(-1, head_dim), offsets, mode="sum",
+                                   per_sample_weights=weights.view(-1))  # [kv_heads * G * heads_per_kv, d]
+    else:   # several queries a sequence: the matmul reads each gathered value row once (3-5x faster than bags
+            # from 9 queries on, as fast at 5)
+        values = value_cache.view(-1, group.block_size * head_dim).index_select(0, rows)
+        attended = weights @ values.view(num_kv_heads, num_seqs, context_len, head_dim)
     attended = attended.view(num_kv_heads, num_seqs, heads_per_kv, q_len, head_dim).permute(1, 3, 0, 2, 4)
     return attended.reshape(num_seqs * q_len, num_heads * head_dim)
