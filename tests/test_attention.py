@@ -47,6 +47,6 @@ def test_grouped_attention_matches_softmax_attention_per_sequence(q_len):
                 torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_key_rows_list_each_kv_heads_blocks():
+def test_block_rows_list_each_kv_heads_blocks():
     group = CachedGroup(torch.tensor([0, 1]), torch.tensor([[3], [1]]), None, 1, block_size=2)
-    assert group.key_rows(num_kv_heads=2, num_cache_blocks=8).tolist() == [3, 1, 11, 9]
+    assert group.block_rows(num_kv_heads=2, num_cache_blocks=8).tolist() == [3, 1, 11, 9]

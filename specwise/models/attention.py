@@ -30,15 +30,14 @@ sequence, query head) is a bag of its context's value-cache rows weighted by the
 where they lie, never gathered (FBGEMM's fused kernel; engine decode steps 8% faster at batch
 4, 16-20% at batch 16-64, context 150-450, than gathering the values for a second matmul).
 With several queries a sequence (verification, a later prompt chunk) every bag would read each
-value row again, so the values are gathered for a second matmul, which reads them once.
-Why groups: per
-sequence, these ops are tiny (a few queries against a few hundred keys) and cost their fixed
-~30 us each; one op per group pays it once, and sorting by length keeps the padding small.
-Measured on CPU (SmolLM2-135M, context 100-600): decode steps at batch 64 about 2x faster than
-one matmul pair per sequence, and SDPA was 5x slower than these matmuls in bf16 for one query
-(its fixed cost per call). The keys stay gathered: the scores as bags too (a block-transposed
-key cache, 64 rows of 16 keys per block) needed 16x the indices and measured no faster at
-batch 16 and 10% slower at batch 64.
+value row again, so the values are gathered for a second matmul, which reads them once. Why
+groups: per sequence, these ops are tiny (a few queries against a few hundred keys) and cost
+their fixed ~30 us each; one op per group pays it once, and sorting by length keeps the
+padding small. Measured on CPU (SmolLM2-135M, context 100-600): decode steps at batch 64 about
+2x faster than one matmul pair per sequence, and SDPA was 5x slower than these matmuls in bf16
+for one query (its fixed cost per call). The keys stay gathered: the scores as bags too (a
+block-transposed key cache, 64 rows of 16 keys per block) needed 16x the indices and measured
+no faster at batch 16 and 10% slower at batch 64.
 Keys are read by position, so a rejected draft token's K/V is simply overwritten next step:
 rollback costs nothing.
 """
@@ -64,11 +63,11 @@ class CachedGroup:
     bias: torch.Tensor | None       # [G, q_len, num_blocks * block_size]
     q_len: int
     block_size: int
-    # key_rows and value_bags, built at the first layer of a step and used by every layer
+    # block_rows and value_bags, built at the first layer of a step and used by every layer
     indices: dict = field(default_factory=dict, repr=False)
 
-    def key_rows(self, num_kv_heads: int, num_cache_blocks: int) -> torch.Tensor:
-        """[kv_heads * G * num_blocks] rows of the key cache viewed as [kv_heads * num_cache_blocks,
+    def block_rows(self, num_kv_heads: int, num_cache_blocks: int) -> torch.Tensor:
+        """[kv_heads * G * num_blocks] rows of a cache (keys or values) viewed as [kv_heads * num_cache_blocks,
         block_size * head_dim]: one index_select over dim 0 gathers every KV head's blocks, on all threads
         (over dim 1 of [kv_heads, blocks, ...] PyTorch gathers on one thread: 2x slower on two cores).
         Example: block_tables [[3], [1]], two KV heads, 8 cache blocks: rows [3, 1, 11, 9]."""
@@ -140,8 +139,8 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, num_seqs, heads_per_kv * q_len, head_dim)
     # [kv_heads, G, context_len, head_dim] straight from the gather: the matmul batches over (kv_heads, G),
     # so the gathered keys are never copied again into another layout
-    rows = group.key_rows(num_kv_heads, key_cache.shape[1] // group.block_size)
-    keys = key_cache.view(-1, group.block_size * head_dim).index_select(0, rows)  # [kv_heads * G * blocks, block]
+    block_rows = group.block_rows(num_kv_heads, key_cache.shape[1] // group.block_size)
+    keys = key_cache.view(-1, group.block_size * head_dim).index_select(0, block_rows)  # [kv_heads * G * blocks, ..]
     keys = keys.view(num_kv_heads, num_seqs, context_len, head_dim)
     scores = queries @ keys.transpose(-1, -2)                             # [kv_heads, G, heads_per_kv * q_len, ctx]
     if group.bias is None:
@@ -158,7 +157,7 @@ def grouped_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
                                    per_sample_weights=weights.view(-1))  # [kv_heads * G * heads_per_kv, d]
     else:   # several queries a sequence: the matmul reads each gathered value row once (3-5x faster than bags
             # from 9 queries on, as fast at 5)
-        values = value_cache.view(-1, group.block_size * head_dim).index_select(0, rows)
+        values = value_cache.view(-1, group.block_size * head_dim).index_select(0, block_rows)
         attended = weights @ values.view(num_kv_heads, num_seqs, context_len, head_dim)
     attended = attended.view(num_kv_heads, num_seqs, heads_per_kv, q_len, head_dim).permute(1, 3, 0, 2, 4)
     return attended.reshape(num_seqs * q_len, num_heads * head_dim)
