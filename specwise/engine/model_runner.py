@@ -116,15 +116,12 @@ class ModelRunner:
                 visible = None if tree is None else tree.attention_mask(start + 1)
                 cached.setdefault((len(run), tree is not None), []).append((row, start, context, visible))
             row += len(run)
-        (q_len, _), only = next(iter(cached.items())) if len(cached) == 1 else ((0, None), [])
-        if not prefills and 0 < len(only) <= GROUP_SIZE:
-            # one group is the whole batch, in row order: attention takes and gives the rows as they are
-            groups = [self._group(q_len, only, whole_batch=True)]
-        else:
-            groups = [self._group(q_len, members[index:index + GROUP_SIZE])
-                      for (q_len, _), seqs in cached.items()
-                      for members in [sorted(seqs, key=lambda seq: len(seq[2]))]
-                      for index in range(0, len(members), GROUP_SIZE)]
+        # one group that is the whole batch keeps row order: attention takes and gives the rows as they are
+        whole_batch = not prefills and len(cached) == 1 and len(next(iter(cached.values()))) <= GROUP_SIZE
+        groups = [self._group(q_len, members[index:index + GROUP_SIZE], whole_batch)
+                  for (q_len, _), seqs in cached.items()
+                  for members in [seqs if whole_batch else sorted(seqs, key=lambda seq: len(seq[2]))]
+                  for index in range(0, len(members), GROUP_SIZE)]
         device = self.device
         input_ids = torch.tensor([token for run in token_ids for token in run], device=device)
         metadata = AttentionMetadata(torch.cat(new_slots).to(device), prefills, groups)

@@ -110,7 +110,7 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     key, value = key.transpose(0, 1), value.transpose(0, 1)               # [kv_heads, num_tokens, head_dim]
     key_cache.index_copy_(1, metadata.slot_mapping, key)
     value_cache.index_copy_(1, metadata.slot_mapping, value)
-    if not metadata.prefills and len(metadata.groups) == 1 and metadata.groups[0].rows is None:
+    if metadata.groups and metadata.groups[0].rows is None:          # the one group is the whole batch
         return grouped_attention(query, key_cache, value_cache, metadata.groups[0])
     output = query.new_empty(num_tokens, num_heads * head_dim)
     for chunk in metadata.prefills:
