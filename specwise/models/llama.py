@@ -27,9 +27,8 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or not (_ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32):
             return super().forward(x)
-        flat = x.reshape(-1, x.shape[-1])                                  # [num_rows, in_features]
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], out.shape[-1])
+        # [..., in_features] -> [..., out_features]: the kernel folds the leading dims itself
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
 class RMSNorm(nn.Module):

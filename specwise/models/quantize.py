@@ -32,15 +32,13 @@ INT4_GROUP_SIZE = 32
 class OneDNNLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.out_features = weight.shape[0]
         self.weight_bytes = weight.numel() * 2                             # the packed copy is not a buffer
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous(), 1)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])                                   # [rows, in_features]
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)
+        # [..., in_features] -> [..., out_features]: the kernel folds the leading dims itself
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 class Int8Linear(nn.Module):
