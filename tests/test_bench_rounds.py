@@ -95,6 +95,17 @@ def test_auto_schedule_is_sequential_only_when_switching_reloads_a_draft_model()
     assert choose_schedule("sequential", [off, ngram]).kind == "sequential"
 
 
+def test_settle_defaults_to_a_pause_only_when_an_endpoint_shares_this_machine():
+    from specwise.bench.load.arms import ArmSpec
+    off = ArmSpec("off", "off", None, 0)
+    local, remote = (ArmSpec("vllm", "http", None, None, url=url) for url in ("http://127.0.0.1:8000", "http://gpu-7:8000"))
+    assert choose_schedule("auto", [off, local]).settle == 2.0
+    assert choose_schedule("auto", [ArmSpec("a", "http", None, None, url="http://localhost:1"), remote]).settle == 2.0
+    assert choose_schedule("auto", [off, remote]).settle == 0.0
+    assert choose_schedule("auto", [local]).settle == 0.0                  # one arm: nothing to switch
+    assert choose_schedule("auto", [off, local], settle=0.5).settle == 0.5
+
+
 def test_every_arm_serves_the_same_requests_in_the_same_order(tmp_path):
     served = {"count": 0, "order": []}
     targets = [FakeTarget("off", served), FakeTarget("ngram-k4", served)]
@@ -178,3 +189,34 @@ def test_an_endpoint_may_not_reuse_a_method_arm_name(tmp_path):
                             progress=False)
     with pytest.raises(ConfigError, match="arm name given twice: off"):
         evaluate(config)
+
+
+def test_settle_pauses_only_where_the_arm_changes(tmp_path):
+    """Each request records when it started and ended; with settle S the first request of an arm's
+    round starts at least S after the other arm's last one ended (warm-up included)."""
+    served = {"count": 0, "order": []}
+    spans = []
+
+    class Timed(FakeTarget):
+        async def stream(self, request):
+            start = time.perf_counter()
+            async for event in super().stream(request):
+                yield event
+            spans.append((self.name, start, time.perf_counter()))
+
+    targets = [Timed("off", served, per_token=0.001), Timed("ngram-k4", served, per_token=0.001)]
+    plan = Plan(workload=seeded_order(WORKLOAD, 0), loads=[LoadPoint("concurrency", 1)], num_requests=8,
+                duration=None, burstiness=1.0, seed=0)
+    info = {"tool": "evaluate", "arms": [{"name": t.name, "method": t.method} for t in targets], "baseline": "off"}
+    schedule = Schedule("interleaved", round_size=2, settle=0.05)
+    runner = Runner(plan, targets, tmp_path, info, PlainView(io.StringIO()), warmup=1, timeout=30, slo=SLO(),
+                    schedule=schedule)
+    asyncio.run(runner.run())
+    switches = [(before, after) for before, after in zip(spans, spans[1:]) if before[0] != after[0]]
+    # warm-up off, ngram; rounds of two: off off ngram ngram | ngram ngram off off | off off ngram ngram | ngram
+    # ngram off off: six changes of arm (none between rounds that end and start with the same arm)
+    assert [after[0] for _, after in switches] == ["ngram-k4", "off"] * 3
+    assert all(after[1] - before[2] >= 0.05 for before, after in switches)
+    assert "0.05 s pause when the arm changes" in schedule.describe(["off", "ngram-k4"])
+    with pytest.raises(ConfigError, match="settle"):
+        EvaluateConfig(settle=-1)

@@ -35,6 +35,11 @@ class EvaluateConfig(LoadConfig):
                                "(one arm after the other) or auto (interleaved unless a draft-model arm would "
                                "reload its weights at every switch)", "auto")
     round_size: int | None = help_field("requests per interleaved round; none: max(2 x concurrency, 4), 24 open-loop")
+    settle: float | None = help_field("seconds of pause before an arm's round when the previous round was "
+                                      "another arm's, so that a server sharing this machine goes quiet first "
+                                      "(vLLM for CPU keeps a core busy ~1 s after its last request); none: 2 "
+                                      "when an --endpoint is on this machine (loopback) and there are several "
+                                      "arms, else 0")
     precision: float | None = help_field("add rounds at each load point until every compared ratio's interval "
                                          "is within +-this fraction (0.05: 5 percent), capped by --duration "
                                          "(per arm) or --num-requests")
@@ -93,7 +98,7 @@ class EvaluateConfig(LoadConfig):
             raise ConfigError("--precision needs a cap: --duration (seconds per arm at each load point) "
                               "or --num-requests")
         check_positive(self, "request_timeout")
-        if self.warmup < 0 or self.temperature < 0 or self.margin < 0:
-            raise ConfigError("--warmup, --temperature and --margin must be >= 0")
+        if self.warmup < 0 or self.temperature < 0 or self.margin < 0 or (self.settle or 0) < 0:
+            raise ConfigError("--warmup, --temperature, --margin and --settle must be >= 0")
         if not 0 < self.throughput_floor <= 1.5:
             raise ConfigError(f"--throughput-floor must be in (0, 1.5], got {self.throughput_floor}")

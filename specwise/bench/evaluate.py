@@ -61,7 +61,7 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
     specs = _arm_specs(config, engine_config)
     baseline = _baseline(config, specs)
     results_dir = _results_dir(config.output)
-    schedule = choose_schedule(config.schedule, specs, config.round_size)
+    schedule = choose_schedule(config.schedule, specs, config.round_size, config.settle)
     headers = _headers(config)
     for spec in specs:
         if spec.url is not None:

@@ -14,7 +14,10 @@ the point's rounds; requests still running when its time there reaches 2D are cu
 No round starts once an arm's time is spent. With --precision, rounds go on past the
 planned requests (the order cycles) until every compared ratio's interval is narrow
 enough (bench/stats/precision.py), or the time or --num-requests cap is reached.
-Server-side speculative counters are read around each point (run.json "server_acceptance").
+With a schedule's settle S, an arm that serves right after another first waits S seconds (a
+server sharing the machine can keep a core busy after its last request; the pause is not
+counted in any arm's time). Server-side speculative counters are read around each point
+(run.json "server_acceptance").
 """
 
 import asyncio
@@ -50,6 +53,7 @@ class Runner:
         self.run_start = 0.0
         self.writer: RecordWriter | None = None
         self.sessions = Sessions()      # multi-turn sessions: a turn carries the previous answer
+        self.last_arm: str | None = None    # the arm that served last (the schedule's settle)
 
     async def run(self) -> None:
         self.run_start = time.perf_counter()
@@ -76,9 +80,16 @@ class Runner:
             return
         first = self.plan.loads[0]
         slot = Slot(first.kind, first.value, self.run_start, warmup=True)
+        await self._settle(target)
         for request in take(self.plan.workload, self.warmup):
             request = dataclasses.replace(request, request_id=f"warmup:{request.request_id}")
             self.writer.write(await measure(target, request, slot, self.timeout, self.tokenizer))
+
+    async def _settle(self, target: Target) -> None:
+        """The schedule's pause before `target` serves, when the last to serve was another arm."""
+        if self.schedule.settle and self.last_arm not in (None, target.name):
+            await asyncio.sleep(self.schedule.settle)
+        self.last_arm = target.name
 
     def _round(self, point: LoadPoint, start: int, end: int):
         """Requests [start:end] of the point (the order cycles past the planned ones), and for
@@ -119,6 +130,7 @@ class Runner:
         send_limit = None if duration is None else duration - arm["used"]
         if send_limit is not None and send_limit <= 0:
             return
+        await self._settle(target)
         self.view.point_started(target.name, point, len(requests))
         slot = Slot(point.kind, point.value, self.run_start, round=index)
         finished: list[RequestRecord] = []

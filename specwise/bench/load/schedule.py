@@ -12,6 +12,12 @@ requests, one arm after the other; then round r + 1 starts.
   sequential   one round holding every request: each arm serves the whole point, one
                after the other (A then B). Cheapest, but a drift is read as a difference.
 
+Settle: seconds of pause before a round (or warm-up) whose arm is not the previous one's
+(default: LOCAL_SETTLE when an endpoint is on a loopback address, else none), so servers
+sharing the machine each run on a quiet one. vLLM for CPU keeps a core busy for ~1 s after
+its last request; a server measured right after it saw its first time to first token take
+~1 s instead of ~0.1-0.3 s (benchmarks/README.md).
+
 Round size for a concurrency point c: max(2c, 4) requests (a round reaches steady state
 at c in flight before it drains); for open-loop points (rate, trace): 24 requests, sent
 at their own offsets re-based to the round's first. Worked example: concurrency 2, 12
@@ -19,17 +25,20 @@ requests -> rounds [0:4], [4:8], [8:12], arm orders AB, BA, AB.
 """
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from specwise.bench.load.arrivals import LoadPoint
 
 SCHEDULES = ("auto", "interleaved", "sequential")
 OPEN_LOOP_ROUND = 24
+LOCAL_SETTLE = 2.0              # seconds: the default settle when an endpoint shares this machine
 
 
 @dataclass(frozen=True)
 class Schedule:
     kind: str                       # "interleaved" or "sequential"
     round_size: int | None = None   # None: the default for each load point
+    settle: float = 0.0             # seconds of pause when the arm changes
 
     def size(self, point: LoadPoint, total: int) -> int:
         """Requests per round at `point`, of `total` planned."""
@@ -48,19 +57,30 @@ class Schedule:
             return f"sequential: each arm serves the whole load point in turn ({' then '.join(arm_names)})"
         forward, backward = " ".join(arm_names), " ".join(reversed(arm_names))
         size = f"{self.round_size} requests" if self.round_size else "max(2 x concurrency, 4) requests (24 open-loop)"
-        return f"interleaved rounds of {size}: {forward} | {backward} | {forward} ..."
+        pause = f", {self.settle:g} s pause when the arm changes" if self.settle else ""
+        return f"interleaved rounds of {size}: {forward} | {backward} | {forward} ...{pause}"
 
     def to_dict(self, arm_names: list[str]) -> dict:
-        return {"kind": self.kind, "round_size": self.round_size, "text": self.describe(arm_names)}
+        return {"kind": self.kind, "round_size": self.round_size, "settle": self.settle,
+                "text": self.describe(arm_names)}
 
 
-def choose_schedule(requested: str, specs, round_size: int | None = None) -> Schedule:
+def choose_schedule(requested: str, specs, round_size: int | None = None, settle: float | None = None) -> Schedule:
     """`auto`: interleaved unless switching an arm is costly (a draft model reloads its weights
-    on every switch of the in-process engine); endpoints switch for free."""
+    on every switch of the in-process engine); endpoints switch for free. settle None: LOCAL_SETTLE
+    when there are several arms and an endpoint is on this machine (a loopback address), else 0."""
     if requested == "auto":
         costly = any(spec.url is None and spec.method == "draft" for spec in specs)
         requested = "sequential" if costly and len(specs) > 1 else "interleaved"
-    return Schedule(requested, round_size)
+    if settle is None:
+        local = any(spec.url is not None and is_loopback(spec.url) for spec in specs)
+        settle = LOCAL_SETTLE if local and len(specs) > 1 else 0.0
+    return Schedule(requested, round_size, settle)
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "0.0.0.0")
 
 
 def rounds(count: int, size: int) -> list[tuple[int, int]]:
