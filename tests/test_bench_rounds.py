@@ -191,11 +191,20 @@ def test_an_endpoint_may_not_reuse_a_method_arm_name(tmp_path):
         evaluate(config)
 
 
-def test_settle_pauses_only_where_the_arm_changes(tmp_path):
+def test_settle_pauses_only_where_the_arm_changes(tmp_path, monkeypatch):
     """Each request records when it started and ended; with settle S the first request of an arm's
-    round starts at least S after the other arm's last one ended (warm-up included)."""
+    round starts at least S after the other arm's last one ended (warm-up included), and the runner
+    sleeps S exactly once per change of arm."""
     served = {"count": 0, "order": []}
-    spans = []
+    spans, pauses = [], []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds):
+        if seconds == 0.05:
+            pauses.append(seconds)
+        await real_sleep(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
 
     class Timed(FakeTarget):
         async def stream(self, request):
@@ -217,6 +226,7 @@ def test_settle_pauses_only_where_the_arm_changes(tmp_path):
     # ngram off off: six changes of arm (none between rounds that end and start with the same arm)
     assert [after[0] for _, after in switches] == ["ngram-k4", "off"] * 3
     assert all(after[1] - before[2] >= 0.05 for before, after in switches)
+    assert len(pauses) == 6
     assert "0.05 s pause when the arm changes" in schedule.describe(["off", "ngram-k4"])
     with pytest.raises(ConfigError, match="settle"):
         EvaluateConfig(settle=-1)
