@@ -168,6 +168,23 @@ for conc in sorted({c for _, c in rows}):
             cells.append(f"{fmt(a, scale):>8}{'' if arm == 'vllm' else ratio(a, v):>6}")
         print(f"{conc:>4g}  {arm:<{width}}  " + "  ".join(cells))
 print("each metric: the arm's figure, then arm / vLLM (TPOT, TTFT: lower is better; tok/s: higher is better)")
+# the same requests served by both (paired by request id): 95% bootstrap intervals of arm / vLLM
+full = {(r["arm"], r["load_value"]): r for r in summary["rows"]
+        if r["category"] == "all" and r["load_kind"] == "concurrency"}
+def interval(row, key, invert):
+    low, high = (row.get("intervals") or {}).get(key) or (None, None)
+    if low is None or high is None:
+        return "-"
+    low, high = (1 / high, 1 / low) if invert else (low, high)    # latency speedups are vLLM / arm
+    return f"{low:.2f}-{high:.2f}"
+print(f"\n{'conc':>4}  {'arm':<{width}}  {'pairs':>5}  {'TPOT mean o/v, 95%':>18}  {'tok/s o/v, 95%':>14}")
+for conc in sorted({c for _, c in full}):
+    for arm in arms[1:]:
+        row = full.get((arm, conc))
+        if row:
+            print(f"{conc:>4g}  {arm:<{width}}  {row.get('paired') or '-':>5}  {interval(row, 'tpot_mean', True):>18}"
+                  f"  {interval(row, 'output_throughput', False):>14}")
+print("paired: the requests both served, matched by id; an interval that holds 1.00 cannot tell the two apart")
 EOF
 [[ -z $SPEC ]] || { scrape after; "$PY" "$ROOT/benchmarks/check_acceptance.py" "$OUT" | tee "$OUT/acceptance.txt"; }
 log "results: $OUT"
