@@ -38,8 +38,9 @@ MAX_NUM_SEQS=${MAX_NUM_SEQS:-64}
 KV_CACHE_GB=${KV_CACHE_GB:-2}
 CONCURRENCY=${CONCURRENCY:-1,4,16,64}
 DURATION=${DURATION:-60}
-SETTLE=${SETTLE:-2}                      # seconds of pause when evaluate switches arms: vLLM's worker spins
-                                         # a core for ~1 s after its last request (README.md, "settle")
+SETTLE=${SETTLE:-}                       # seconds of pause when evaluate switches arms; empty: evaluate's default
+                                         # (2 s, the servers are on loopback): vLLM's worker spins a core ~1 s
+                                         # after its last request (README.md, "settle")
 START_TIMEOUT=${START_TIMEOUT:-900}      # seconds; vLLM's first start compiles for minutes
 OUT=${OUT:-$ROOT/specwise-results/vs-vllm-$(date +%Y%m%d-%H%M%S)}
 
@@ -140,10 +141,11 @@ for variant in "${VARIANT_LIST[@]}"; do
 done
 
 # 4. One evaluation, every server an endpoint (arms alternate in rounds at each load point).
-log "specwise evaluate: concurrency $CONCURRENCY, $DURATION s per point, $SETTLE s settle -> $OUT"
+log "specwise evaluate: concurrency $CONCURRENCY, $DURATION s per point, settle ${SETTLE:-default} -> $OUT"
 scrape() { for server in "${SERVERS[@]}"; do curl -sf "${server#*=}/metrics" >"$OUT/${server%%=*}-$1.txt"; done; }
 [[ -z $SPEC ]] || { scrape before; EXTRA+=(--warmup 0); }
-"$ROOT/.venv/bin/specwise" evaluate --workload suite --concurrency "$CONCURRENCY" --duration "$DURATION" --settle "$SETTLE" \
+[[ -z $SETTLE ]] || EXTRA+=(--settle "$SETTLE")
+"$ROOT/.venv/bin/specwise" evaluate --workload suite --concurrency "$CONCURRENCY" --duration "$DURATION" \
   "${ENDPOINTS[@]}" --baseline vllm --served-model smollm2-135m-instruct --tokenizer "$MODEL_DIR/tokenizer.json" \
   --no-progress --output "$OUT/evaluate" "${EXTRA[@]}"
 

@@ -7,7 +7,7 @@ from specwise.bench.report.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFA
 from specwise.bench.load.slo import parse_slo
 from specwise.bench.inputs.suite import CATEGORIES
 from specwise.bench.report.summary import PAY_METRICS
-from specwise.bench.load.schedule import SCHEDULES
+from specwise.bench.load.schedule import LOCAL_SETTLE, SCHEDULES
 from specwise.bench.stats.bootstrap import DEFAULT_LEVEL
 from specwise.bench.load.targets.http import APIS
 from specwise.errors import ConfigError
@@ -37,8 +37,8 @@ class EvaluateConfig(LoadConfig):
     round_size: int | None = help_field("requests per interleaved round; none: max(2 x concurrency, 4), 24 open-loop")
     settle: float | None = help_field("seconds of pause before an arm's round when the previous round was "
                                       "another arm's, so that a server sharing this machine goes quiet first "
-                                      "(vLLM for CPU keeps a core busy ~1 s after its last request); none: 2 "
-                                      "when an --endpoint is on this machine (loopback) and there are several "
+                                      "(vLLM for CPU keeps a core busy ~1 s after its last request); none: "
+                                      f"{LOCAL_SETTLE:g} when an --endpoint is on this machine (loopback) and there are several "
                                       "arms, else 0")
     precision: float | None = help_field("add rounds at each load point until every compared ratio's interval "
                                          "is within +-this fraction (0.05: 5 percent), capped by --duration "

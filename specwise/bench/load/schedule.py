@@ -53,11 +53,11 @@ class Schedule:
         return list(arms) if self.kind == "sequential" or round_index % 2 == 0 else list(reversed(arms))
 
     def describe(self, arm_names: list[str]) -> str:
+        pause = f", {self.settle:g} s pause when the arm changes" if self.settle else ""
         if self.kind == "sequential":
-            return f"sequential: each arm serves the whole load point in turn ({' then '.join(arm_names)})"
+            return f"sequential: each arm serves the whole load point in turn ({' then '.join(arm_names)}){pause}"
         forward, backward = " ".join(arm_names), " ".join(reversed(arm_names))
         size = f"{self.round_size} requests" if self.round_size else "max(2 x concurrency, 4) requests (24 open-loop)"
-        pause = f", {self.settle:g} s pause when the arm changes" if self.settle else ""
         return f"interleaved rounds of {size}: {forward} | {backward} | {forward} ...{pause}"
 
     def to_dict(self, arm_names: list[str]) -> dict:
