@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specwise.engine.model_runner import ModelRunner
-from specwise.models.attention import AttentionMetadata, PrefillChunk
+from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
 from specwise.models.drafter_checkpoint import DrafterConfig, build_head, save_drafter, target_signature
 from specwise.models.eagle import EagleHead
 from specwise.models.llama import LlamaForCausalLM
@@ -54,11 +54,12 @@ def eagle_loss(head: EagleHead, model: LlamaForCausalLM, tokens: list[int], feat
     """Pair t = (f_t, x_{t+1}) predicts f_{t+1} and, through the LM head, x_{t+2} (models/eagle.py)."""
     length = len(tokens) - 1                                          # pairs 0 .. len - 2
     config = model.config
-    cache = [torch.zeros(config.num_key_value_heads, length, config.head_dim) for _ in range(2)]   # key, value
+    cache = torch.zeros(1, 2, config.num_key_value_heads, length, config.head_dim)   # one layer's keys, values
     metadata = AttentionMetadata(torch.arange(length), [PrefillChunk(0, length)], [])
     ids = torch.tensor(tokens)
-    predicted = head(features[:length], model.embed_tokens(ids[1:]).float(), torch.arange(length),
-                     (cache[0], cache[1]), metadata)                  # f̂_1 .. f̂_{len-1}
+    with step_metadata(metadata):
+        predicted = head(features[:length], model.embed_tokens(ids[1:]).float(), torch.arange(length),
+                         cache)                                       # f̂_1 .. f̂_{len-1}
     logits = predicted[:-1] @ model.lm_head.weight.float().T          # predict x_2 .. x_{len-1}
     return F.cross_entropy(logits, ids[2:]) + F.smooth_l1_loss(predicted, features[1:])
 

@@ -12,7 +12,7 @@ from specwise.cli import main
 from specwise.engine.llm_engine import LLMEngine
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError, InputError
-from specwise.models.attention import AttentionMetadata, CachedGroup, PrefillChunk
+from specwise.models.attention import AttentionMetadata, CachedGroup, PrefillChunk, step_metadata
 from specwise.models.drafter_checkpoint import load_drafter
 from specwise.models.eagle import EagleHead
 from specwise.sampling_params import SamplingParams
@@ -90,13 +90,13 @@ def test_unrolled_eagle_chain_matches_the_paged_head(engine, target):
     unrolled = [predicted[0, start - (first if step > 1 else 0)].detach() for step, _, predicted in
                 objective.steps(batch, 3, lambda step, first, count: batch.shifted("target_next", first + step - 1,
                                                                                    count), first_chain=first)]
-    cache = (torch.zeros(2, 64, 16), torch.zeros(2, 64, 16))
+    cache = torch.zeros(1, 2, 2, 64, 16)                   # one layer's keys and values
     features, tokens = batch.features[0], batch.token_ids[0]
     embed = engine.model.embed_tokens.weight
     with torch.no_grad():
         rows = torch.arange(start + 1)
-        predicted = head(features[rows], embed[tokens[rows + 1]], rows, cache,
-                         AttentionMetadata(rows, [PrefillChunk(0, start + 1)], []))[-1]
+        with step_metadata(AttentionMetadata(rows, [PrefillChunk(0, start + 1)], [])):
+            predicted = head(features[rows], embed[tokens[rows + 1]], rows, cache)[-1]
         assert torch.allclose(predicted, unrolled[0], atol=1e-5)
         for step in (2, 3):
             position = start + step - 1
@@ -104,7 +104,8 @@ def test_unrolled_eagle_chain_matches_the_paged_head(engine, target):
             visible = torch.zeros(1, 1, 64).masked_fill(torch.arange(64) > position, float("-inf"))
             metadata = AttentionMetadata(torch.tensor([position]), [], [   # the cache is one block of 64 slots
                 CachedGroup(torch.tensor([0]), torch.tensor([[0]]), visible, 1, 64)])
-            predicted = head(predicted[None], embed[token][None], torch.tensor([position]), cache, metadata)[0]
+            with step_metadata(metadata):
+                predicted = head(predicted[None], embed[token][None], torch.tensor([position]), cache)[0]
             assert torch.allclose(predicted, unrolled[step - 1], atol=1e-5), step
 
 

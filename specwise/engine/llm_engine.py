@@ -46,12 +46,14 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.model_config = checkpoint.config
         self.max_model_len = min(config.max_model_len, checkpoint.config.max_position_embeddings)
-        self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len, config.quantization)
+        self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len, config.quantization,
+                                 config.compile)
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_gb * 2**30 // kv_block_bytes(self.model, config.block_size, self.dtype))
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device,
+                                  config.compile)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         self.runner.processing = LogitsProcessing(self.tokenizer.eos_token_ids, self.grammars)
         # a sequence that fills the whole KV cache ends with "length" (it could never be scheduled again)

@@ -27,7 +27,8 @@ from specwise.engine.sequence import Sequence
 from specwise.engine.spec_decode.draft_tree import DraftTree
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
-from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk
+from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk, step_metadata
+from specwise.models.compiled import compile_forward, warm_up
 from specwise.models.llama import LlamaForCausalLM
 
 
@@ -39,7 +40,7 @@ def kv_block_bytes(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype)
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: str = "cpu"):
+                 device: str = "cpu", compiled: bool = False):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -48,7 +49,10 @@ class ModelRunner:
         cache_shape = (config.num_hidden_layers, 2, config.num_key_value_heads, num_blocks * block_size,
                        config.head_dim)
         self.kv_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
-        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        # the model's forward, or its compiled graphs (models/compiled.py), compiled now rather than at the first request
+        self.forward_fn = compile_forward(model) if compiled else model
+        if compiled:
+            warm_up(self.forward_fn, self.kv_cache)
         self.generators: dict[int, torch.Generator] = {}
         # penalties, min_tokens, logit_bias, grammars; the engine shares one with its drafters
         self.processing = LogitsProcessing([])
@@ -80,8 +84,8 @@ class ModelRunner:
                       num_layers: int | None = None, trees: list[DraftTree | None] | None = None) -> torch.Tensor:
         """The final-normed hidden state (feature) of every fed token, [sum(len(run)), hidden]."""
         input_ids, positions, metadata = self.prepare(token_ids, start_positions, block_tables, trees)
-        kv_caches = self.kv_caches if num_layers is None else self.kv_caches[:num_layers]
-        return self.model(input_ids, positions, kv_caches, metadata, num_layers)
+        with step_metadata(metadata):
+            return self.forward_fn(input_ids, positions, self.kv_cache, num_layers)
 
     @torch.inference_mode()
     def logits_at(self, hidden: torch.Tensor, run_lengths: list[int], num_logits: list[int]) -> torch.Tensor:

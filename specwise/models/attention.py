@@ -42,6 +42,7 @@ Keys are read by position, so a rejected draft token's K/V is simply overwritten
 rollback costs nothing.
 """
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -101,15 +102,56 @@ class AttentionMetadata:
     groups: list[CachedGroup]
 
 
-def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    key_cache: torch.Tensor, value_cache: torch.Tensor,
+# The step's metadata, set around a forward by whoever built it (`step_metadata`): the model's layers
+# take only tensors, so a compiled forward sees attention as one opaque op (see `attention`) and one
+# graph serves every step, whatever its prefills and groups. One forward at a time (the engine's thread).
+_step: list[AttentionMetadata] = []
+
+
+@contextmanager
+def step_metadata(metadata: AttentionMetadata):
+    _step.append(metadata)
+    try:
+        yield
+    finally:
+        _step.pop()
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+              layer: int) -> torch.Tensor:
+    """Layer `layer`'s paged attention over the step's metadata. kv_cache [layers, 2, kv_heads, num_slots,
+    head_dim], all layers: an op that mutates a view of it (one layer's keys) made inductor copy the whole
+    cache in and out around every call. Eager code calls the function itself (the op's dispatch costs ~15 us)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.specwise.paged_attention(query, key, value, kv_cache, layer)
+    return _layer_attention(query, key, value, kv_cache, layer)
+
+
+def _layer_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                     layer: int) -> torch.Tensor:
+    if not _step:
+        raise RuntimeError("attention outside a step: run the model inside `with step_metadata(metadata):`")
+    return paged_attention(query, key, value, kv_cache[layer], _step[-1])
+
+
+_op = torch.library.custom_op("specwise::paged_attention", _layer_attention, mutates_args=("kv_cache",))
+
+
+@_op.register_fake
+def _(query, key, value, kv_cache, layer):
+    return query.new_empty(query.shape[0], query.shape[1] * query.shape[2])
+
+
+def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                     metadata: AttentionMetadata) -> torch.Tensor:
-    """query [num_tokens, heads, head_dim]; key/value [num_tokens, kv_heads, head_dim];
-    caches [kv_heads, num_slots, head_dim]. Returns [num_tokens, heads * head_dim]."""
+    """query [num_tokens, heads, head_dim]; key/value [num_tokens, kv_heads, head_dim]; kv_cache, one
+    layer's keys and values [2, kv_heads, num_slots, head_dim]. Returns [num_tokens, heads * head_dim]."""
     num_tokens, num_heads, head_dim = query.shape
+    # both sides in one write, before any view of either is taken (autograd, when a drafter trains
+    # through this, rejects a second in-place write through a view taken before the first)
+    kv_cache.index_copy_(2, metadata.slot_mapping, torch.stack([key, value]).transpose(1, 2))
+    key_cache, value_cache = kv_cache                                     # [kv_heads, num_slots, head_dim] each
     key, value = key.transpose(0, 1), value.transpose(0, 1)               # [kv_heads, num_tokens, head_dim]
-    key_cache.index_copy_(1, metadata.slot_mapping, key)
-    value_cache.index_copy_(1, metadata.slot_mapping, value)
     if metadata.groups and metadata.groups[0].rows is None:          # the one group is the whole batch
         return grouped_attention(query, key_cache, value_cache, metadata.groups[0])
     output = query.new_empty(num_tokens, num_heads * head_dim)

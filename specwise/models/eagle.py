@@ -24,9 +24,8 @@ neither stored nor trained here.
 import torch
 from torch import nn
 
-from specwise.models.attention import AttentionMetadata
 from specwise.models.config import ModelConfig
-from specwise.models.llama import DecoderLayer, KVCache, Linear, RMSNorm
+from specwise.models.llama import DecoderLayer, Linear, RMSNorm
 from specwise.models.rope import RotaryEmbedding
 
 
@@ -36,18 +35,19 @@ class EagleHead(nn.Module):
         self.config = config                      # the target's: the layer has its shapes
         hidden = config.hidden_size
         self.fc = Linear(2 * hidden, hidden, bias=False)
-        self.layer = DecoderLayer(config)
+        self.layer = DecoderLayer(config, 0)        # layer 0 of its own KV cache
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
 
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor, positions: torch.Tensor,
-                kv_cache: KVCache, metadata: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor) -> torch.Tensor:
         """features f_t and embeddings of x_{t+1}, [num_tokens, hidden] each, at positions t
-        [num_tokens] (flat, see attention.py) -> predicted features f̂_{t+1} [num_tokens, hidden]."""
+        [num_tokens] (flat, see attention.py) -> predicted features f̂_{t+1} [num_tokens, hidden].
+        kv_cache [1, 2, kv_heads, num_slots, head_dim]; the step's metadata is set around the call."""
         hidden = self.fc(torch.cat([features, embeddings], dim=-1))          # [num_tokens, hidden]
         rope = self.rotary(positions, hidden.dtype)
-        return self.norm(self.layer(hidden, rope, kv_cache, metadata))
+        return self.norm(self.layer(hidden, rope, kv_cache))
 
     def parameter_names(self) -> list[str]:
         return [name for name, _ in self.named_parameters()]

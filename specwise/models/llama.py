@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specwise.models.attention import AttentionMetadata, paged_attention
+from specwise.models.attention import attention
 from specwise.models.config import ModelConfig
 from specwise.models.rope import RotaryEmbedding, apply_rotary
 
-KVCache = tuple[torch.Tensor, torch.Tensor]   # key, value: [kv_heads, num_slots, head_dim] each
 _ONEDNN_LINEAR = hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
 
 
@@ -21,11 +20,12 @@ class Linear(nn.Linear):
 
     On AVX2-only CPUs MKL's skinny matmuls (a few rows of activations against a large
     weight, i.e. decoding) measured 1.3-1.7x slower than oneDNN's at batch 16-64 here.
-    That kernel has no backward, so training a drafter (grad enabled) takes nn.Linear's path.
+    That kernel has no backward, so training a drafter (grad enabled) takes nn.Linear's path, and so
+    does a compiled forward: inductor picks and prepacks the kernel itself (see compiled.py).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or not (_ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32):
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or not (_ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32):
             return super().forward(x)
         # [..., in_features] -> [..., out_features]: the kernel folds the leading dims itself
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
@@ -44,8 +44,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
+        self.layer_index = layer_index              # which layer of the KV cache is its own
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -54,7 +55,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: KVCache, metadata: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv = self.qkv_proj(hidden)                                         # [num_tokens, q_size + 2 * kv_size]
@@ -62,7 +63,7 @@ class Attention(nn.Module):
         query_key = apply_rotary(qkv[:, :q_size + kv_size].view(num_tokens, -1, self.head_dim), *rope)
         query, key = query_key.split([self.num_heads, self.num_kv_heads], dim=1)
         value = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
-        return self.o_proj(paged_attention(query, key, value, *kv_cache, metadata))
+        return self.o_proj(attention(query, key, value, kv_cache, self.layer_index))
 
 
 class MLP(nn.Module):
@@ -77,15 +78,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, layer_index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden, rope, kv_cache, metadata):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, kv_cache, metadata)
+    def forward(self, hidden, rope, kv_cache):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, kv_cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -94,7 +95,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, index) for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -102,18 +103,18 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
-                metadata: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                num_layers: int | None = None) -> torch.Tensor:
         """input_ids, positions [num_tokens] (flat, see attention.py) -> final-normed hidden states
-        [num_tokens, hidden].
+        [num_tokens, hidden]. kv_cache [layers, 2, kv_heads, num_slots, head_dim]; the step's attention
+        metadata is set around the call (`with step_metadata(metadata):`).
 
-        `num_layers` runs only the first layers (self-speculative drafting); `kv_caches`
-        then needs only that many entries.
+        `num_layers` runs only the first layers (self-speculative drafting).
         """
         hidden = self.embed_tokens(input_ids)
         rope = self.rotary(positions, hidden.dtype)
-        for layer, kv_cache in zip(self.layers[:num_layers], kv_caches):
-            hidden = layer(hidden, rope, kv_cache, metadata)
+        for layer in self.layers[:num_layers]:
+            hidden = layer(hidden, rope, kv_cache)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

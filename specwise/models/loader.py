@@ -68,13 +68,13 @@ def is_gguf(path: Path) -> bool:
 
 
 def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: str, max_positions: int,
-                quantization: str = "none") -> LlamaForCausalLM:
+                quantization: str = "none", compiled: bool = False) -> LlamaForCausalLM:
     """Allocate without random init (meta device), load weights, compute the rope tables, then
-    pack the weights in their format (see quantize.py)."""
+    pack the weights in their format (see quantize.py; `compiled`: for a compiled forward)."""
     config = checkpoint.config
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions)
     model = model.to_empty(device=device).to(dtype)
     model.load_weights({name: tensor.to(dtype) for name, tensor in checkpoint.weights.items()})
     model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling).to(device)
-    return pack_weights(model.eval().requires_grad_(False), dtype, quantization, device)
+    return pack_weights(model.eval().requires_grad_(False), dtype, quantization, device, compiled)

@@ -102,9 +102,11 @@ def _cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device: str) -> nn.Module:
+def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device: str,
+                 compiled: bool = False) -> nn.Module:
     """Swap the Linear layers of a loaded model for the kernels of its weight format (CPU only;
-    fp32 and other devices keep plain nn.Linear)."""
+    fp32 and other devices keep plain nn.Linear). `compiled`: bf16 layers inside a compiled forward stay
+    plain, for inductor to prepack (models/compiled.py); only the LM head, run eagerly, is packed."""
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     if quantization != "none" and dtype != torch.bfloat16:
@@ -113,7 +115,7 @@ def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device
         return model
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear) and not (compiled and quantization == "none" and name != "lm_head"):
                 setattr(parent, name, _packed(child, quantization, is_head=name == "lm_head"))
     return model
 

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.engine.llm_engine import LLMEngine
-from specwise.models.attention import AttentionMetadata, PrefillChunk
+from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
 from specwise.models.llama import LlamaForCausalLM
 from specwise.sampling_params import SamplingParams
 
@@ -184,4 +184,5 @@ def teacher_forced(model: LlamaForCausalLM, sequences: list[list[int]], dtype: t
                                  [PrefillChunk(a, b) for a, b in zip(starts, starts[1:])], [])
     input_ids = torch.tensor([t for s in sequences for t in s], device=device)
     positions = torch.tensor([p for s in sequences for p in range(len(s))], device=device)
-    return model(input_ids, positions, [(layer[0], layer[1]) for layer in scratch], metadata)
+    with step_metadata(metadata):
+        return model(input_ids, positions, scratch)

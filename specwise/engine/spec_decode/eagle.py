@@ -32,6 +32,7 @@ from specwise.engine.spec_decode.draft_sampler import DraftSampler, stack_draft_
 from specwise.engine.spec_decode.heads import DraftLMHead, load_head
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
+from specwise.models.attention import step_metadata
 
 
 @dataclass
@@ -71,7 +72,7 @@ class EagleProposer:
         self.directory, drafter, self.head = load_head("eagle", directory, context)
         self.lm_head = DraftLMHead(self.model, drafter.draft_vocab, context)
         config = self.model.config
-        shape = (2, config.num_key_value_heads, target.num_blocks * target.block_size, config.head_dim)
+        shape = (1, 2, config.num_key_value_heads, target.num_blocks * target.block_size, config.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=context.dtype, device=context.device)
         self.kv_cache_bytes = self.kv_cache.numel() * self.kv_cache.element_size()
         self.sampler = DraftSampler(target)
@@ -127,8 +128,9 @@ class EagleProposer:
         tables = [seqs[row].block_table for row in rows]
         input_ids, positions, metadata = self.runner.prepare(next_tokens, starts, tables)
         embeddings = self.model.embed_tokens(input_ids)                                 # [num_pairs, hidden]
-        predicted = self.head(features.to(embeddings.dtype), embeddings, positions, (self.kv_cache[0], self.kv_cache[1]),
-                              metadata)                                                 # [num_pairs, hidden]
+        with step_metadata(metadata):
+            predicted = self.head(features.to(embeddings.dtype), embeddings, positions,
+                                  self.kv_cache)                                        # [num_pairs, hidden]
         ends = torch.tensor([len(run) for run in next_tokens], device=predicted.device).cumsum(0) - 1
         return predicted[ends]
 

@@ -1,0 +1,73 @@
+"""`--compile`: the model's forward compiled by inductor (models/compiled.py) runs every kind of step.
+
+On a tiny random fp32 target:
+  - a step mixing a first prompt chunk, a later chunk, decodes and verification rows gives the eager
+    forward's logits (within fp32 rounding);
+  - steps of any token count after the warm-up compile nothing more (two graphs: one token, more);
+  - greedy decoding with speculation (n-gram, layer_skip, whose shorter forward is a third graph) is token
+    for token the compiled engine's output without it, in a continuous batch.
+"""
+
+import pytest
+import torch
+
+from specwise.engine.llm import LLM
+from specwise.sampling_params import SamplingParams
+from tiny_models import tiny_checkpoint
+
+ENGINE = dict(dtype="float32", num_kv_blocks=256, block_size=4, max_model_len=128, max_num_batched_tokens=512)
+PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "x",
+           "The quick brown fox jumps over the lazy dog. The quick brown fox", "Numbers: 12345, 2024-06-01"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return tiny_checkpoint(num_layers=3)
+
+
+@pytest.fixture(scope="module")
+def compiled(checkpoint):
+    return LLM(checkpoint=checkpoint, compile=True, **ENGINE)
+
+
+def graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def mixed_step(runner):
+    """Prompts of 9 and 5 tokens prefilled, then one step: a new 6-token prompt, the second 4 tokens of
+    a 10-token prompt, one decode and a verification of 3 drafts. Returns the step's logits."""
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(4)]
+    runner.forward([list(range(1, 10)), list(range(20, 25)), list(range(40, 46))], [0, 0, 0], tables[:3],
+                   [1, 1, 0])
+    return runner.forward([list(range(60, 66)), list(range(46, 50)), [9], [5, 6, 7, 8]], [0, 6, 9, 5],
+                          [tables[3], tables[2], tables[0], tables[1]], [1, 1, 1, 4])
+
+
+def test_compiled_step_matches_eager_logits(checkpoint, compiled):
+    eager = LLM(checkpoint=checkpoint, **ENGINE)
+    expected, got = mixed_step(eager.engine.runner), mixed_step(compiled.engine.runner)
+    assert got.shape == expected.shape == (7, checkpoint.config.vocab_size)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_no_recompilation_after_warm_up(compiled):
+    before = graphs()
+    runner = compiled.engine.runner
+    for num_seqs in (1, 2, 3, 5, 8):
+        tables = [list(range(8 * i, 8 * i + 8)) for i in range(num_seqs)]
+        runner.forward([[7] * (3 + i) for i in range(num_seqs)], [0] * num_seqs, tables, [1] * num_seqs)
+        runner.forward([[8] for _ in range(num_seqs)], [3 + i for i in range(num_seqs)], tables, [1] * num_seqs)
+    assert graphs() == before
+
+
+@pytest.mark.parametrize("speculative", ["ngram", "layer_skip:1"])
+def test_greedy_speculation_under_compile_equals_plain(checkpoint, compiled, speculative):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    compiled.engine.set_speculative(None, 0)
+    expected = [out.output_token_ids for out in compiled.generate(PROMPTS, params)]
+    compiled.engine.set_speculative(speculative, 3)
+    got = [out.output_token_ids for out in compiled.generate(PROMPTS, params)]
+    assert compiled.engine.stats.drafts > 0
+    assert got == expected
+    compiled.engine.set_speculative(None, 0)
