@@ -17,6 +17,7 @@ the machine printed at the top. Nothing here is asserted by tests.
     python benchmarks/decode_speed.py                       # default model, every weight format, batches 1 4 16 64
     python benchmarks/decode_speed.py --dtype bfloat16+int4 --max-new-tokens 128
     python benchmarks/decode_speed.py --quick --max-new-tokens 16   # smoke run
+    python benchmarks/decode_speed.py --dtype bfloat16 --compile    # ours compiled by inductor
 """
 
 import argparse
@@ -68,6 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="buffer size of the bandwidth probe (MiB)")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers")
+    parser.add_argument("--compile", action="store_true", help="ours with --compile (inductor, models/compiled.py)")
     parser.add_argument("--quick", action="store_true", help="smoke run: batches 1,4 and one dtype")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
@@ -215,7 +217,7 @@ def main(argv=None) -> int:
         compute, _, quantization = dtype_name.partition("+")
         dtype = getattr(torch, compute)
         max_len = args.prompt_len + args.max_new_tokens + 8
-        llm = LLM(model=str(model_path), dtype=compute, quantization=quantization or "none",
+        llm = LLM(model=str(model_path), dtype=compute, quantization=quantization or "none", compile=args.compile,
                   max_num_seqs=max(args.batches), max_model_len=max_len,
                   max_num_batched_tokens=max(max(args.batches) * args.prompt_len, max_len))
         ours_bytes = step_weight_bytes(llm.engine.model)
