@@ -3,7 +3,10 @@
 import pytest
 import torch
 
-from specwise.models.attention import CachedGroup, grouped_attention
+import threading
+
+from specwise.models.attention import (AttentionMetadata, CachedGroup, PrefillChunk, attention, grouped_attention,
+                                       step_metadata)
 
 
 def test_value_bags_list_each_rows_context_slots_per_kv_head():
@@ -50,3 +53,20 @@ def test_grouped_attention_matches_softmax_attention_per_sequence(q_len):
 def test_block_rows_list_each_kv_heads_blocks():
     group = CachedGroup(torch.tensor([0, 1]), torch.tensor([[3], [1]]), None, 1, block_size=2)
     assert group.block_rows(num_kv_heads=2, num_cache_blocks=8).tolist() == [3, 1, 11, 9]
+
+
+def test_attention_reads_the_steps_metadata_of_its_own_thread():
+    query, key, value = torch.randn(3, 4, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    kv_cache = torch.zeros(1, 2, 2, 16, 8)                            # one layer, 16 slots
+    with pytest.raises(RuntimeError, match="step_metadata"):
+        attention(query, key, value, kv_cache, 0)
+    errors = []
+    with step_metadata(AttentionMetadata(torch.tensor([5, 6, 7]), [PrefillChunk(0, 3)], [])):
+        out = attention(query, key, value, kv_cache, 0)
+        thread = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, attention, query, key,
+                                                                            value, kv_cache, 0)))
+        thread.start()
+        thread.join()
+    assert out.shape == (3, 32) and len(errors) == 1
+    torch.testing.assert_close(kv_cache[0, 0, :, 5:8], key.transpose(0, 1))      # written at the step's slots
+    torch.testing.assert_close(kv_cache[0, 1, :, 5:8], value.transpose(0, 1))

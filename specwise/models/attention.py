@@ -42,6 +42,7 @@ Keys are read by position, so a rejected draft token's K/V is simply overwritten
 rollback costs nothing.
 """
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -104,17 +105,19 @@ class AttentionMetadata:
 
 # The step's metadata, set around a forward by whoever built it (`step_metadata`): the model's layers
 # take only tensors, so a compiled forward sees attention as one opaque op (see `attention`) and one
-# graph serves every step, whatever its prefills and groups. One forward at a time (the engine's thread).
-_step: list[AttentionMetadata] = []
+# graph serves every step, whatever its prefills and groups. Per thread: engines stepped on two threads
+# of one process (a server's step thread, a test's main thread) never see each other's step.
+_local = threading.local()
 
 
 @contextmanager
 def step_metadata(metadata: AttentionMetadata):
-    _step.append(metadata)
+    outer = getattr(_local, "metadata", None)
+    _local.metadata = metadata
     try:
         yield
     finally:
-        _step.pop()
+        _local.metadata = outer
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -129,9 +132,10 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_ca
 
 def _layer_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                      layer: int) -> torch.Tensor:
-    if not _step:
+    metadata = getattr(_local, "metadata", None)
+    if metadata is None:
         raise RuntimeError("attention outside a step: run the model inside `with step_metadata(metadata):`")
-    return paged_attention(query, key, value, kv_cache[layer], _step[-1])
+    return paged_attention(query, key, value, kv_cache[layer], metadata)
 
 
 _op = torch.library.custom_op("specwise::paged_attention", _layer_attention, mutates_args=("kv_cache",))
