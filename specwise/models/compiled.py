@@ -19,6 +19,9 @@ docs/engine.md): 0.87x at batch 1, 0.88x at 4, 0.95x at 16. Logits move within b
 exactness holds because drafting and plain decoding run the same graph.
 """
 
+import sys
+import time
+
 import torch
 
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
@@ -39,8 +42,12 @@ def compile_forward(model: LlamaForCausalLM):
 @torch.inference_mode()
 def warm_up(forward, kv_cache: torch.Tensor) -> None:
     """Compile both graphs: prefills of 1 and 2 tokens written to slots 0 and 1 (block 0: any sequence
-    that later holds it writes its own keys there before reading them)."""
+    that later holds it writes its own keys there before reading them). Says so on stderr: it takes a while."""
+    print("specwise: compiling the model's forward (--compile; about a minute on two cores)", file=sys.stderr,
+          flush=True)
+    started = time.perf_counter()
     for num_tokens in (1, 2):
         slots = torch.arange(num_tokens, device=kv_cache.device)
         with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
             forward(torch.zeros(num_tokens, dtype=torch.long, device=kv_cache.device), slots, kv_cache)
+    print(f"specwise: compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
