@@ -49,7 +49,7 @@ class ModelRunner:
         cache_shape = (config.num_hidden_layers, 2, config.num_key_value_heads, num_blocks * block_size,
                        config.head_dim)
         self.kv_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
-        # the model's forward, or its compiled graphs (models/compiled.py), compiled now rather than at the first request
+        # the model's forward, or its compiled graphs (models/compiled.py), compiled now, not at the first request
         self.forward_fn = compile_forward(model) if compiled else model
         if compiled:
             warm_up(self.forward_fn, self.kv_cache)

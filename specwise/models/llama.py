@@ -25,7 +25,8 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or not (_ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32):
+        onednn = _ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or not onednn:
             return super().forward(x)
         # [..., in_features] -> [..., out_features]: the kernel folds the leading dims itself
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
