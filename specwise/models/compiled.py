@@ -10,13 +10,13 @@ runs outside the graph on the rows that are sampled).
 Attention is one opaque op (attention.py) that reads the step's metadata from `step_metadata`, so
 the graph does not depend on how a step mixes prefills, decodes and verification: the token count
 is its one dynamic size. Inductor specializes sizes 0 and 1, so there are two graphs, one token and
-more than one; `warm_up` compiles both before the first request (tens of seconds each on two cores;
-inductor caches them on disk for the next start). A layer-skip drafter's shorter forward is a third
-graph, compiled at its first step.
+more than one; `warm_up` compiles both before the first request (20-40 s each on two cores, at every
+start: with freezing, inductor's disk cache did not shorten a second start). A layer-skip drafter's
+shorter forward is a third graph, compiled at its first step.
 
-Measured on the 2-core VM (default model, bf16, a decode step compiled / eager, interleaved, see
-docs/engine.md): 0.87x at batch 1, 0.88x at 4, 0.95x at 16. Logits move within bf16 rounding; greedy
-exactness holds because drafting and plain decoding run the same graph.
+Measured on the 2-core VM (default model, bf16, decode steps compiled / eager, interleaved, see
+docs/engine.md): 0.90x at batch 1, 0.91x at 4, 0.95x at 16. Logits move within bf16 rounding; greedy
+exactness holds because drafting and plain decoding run the same graphs.
 """
 
 import sys
