@@ -13,6 +13,7 @@ import pytest
 
 from specwise.bench.config import EvaluateConfig
 from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.load.arms import ArmSpec
 from specwise.bench.load.arrivals import LoadPoint
 from specwise.bench.load.order import seeded_order
 from specwise.bench.load.plan import Plan
@@ -87,7 +88,6 @@ def test_rounds_and_arm_orders():
 
 
 def test_auto_schedule_is_sequential_only_when_switching_reloads_a_draft_model():
-    from specwise.bench.load.arms import ArmSpec
     off, ngram = ArmSpec("off", "off", None, 0), ArmSpec("ngram-k4", "ngram", "ngram", 4)
     draft = ArmSpec("draft-small-k4", "draft", "draft:/m", 4)
     assert choose_schedule("auto", [off, ngram]).kind == "interleaved"
@@ -96,9 +96,9 @@ def test_auto_schedule_is_sequential_only_when_switching_reloads_a_draft_model()
 
 
 def test_settle_defaults_to_a_pause_only_when_an_endpoint_shares_this_machine():
-    from specwise.bench.load.arms import ArmSpec
     off = ArmSpec("off", "off", None, 0)
-    local, remote = (ArmSpec("vllm", "http", None, None, url=url) for url in ("http://127.0.0.1:8000", "http://gpu-7:8000"))
+    local, remote = (ArmSpec("vllm", "http", None, None, url=url)
+                     for url in ("http://127.0.0.1:8000", "http://gpu-7:8000"))
     assert choose_schedule("auto", [off, local]).settle == 2.0
     assert choose_schedule("auto", [ArmSpec("a", "http", None, None, url="http://localhost:1"), remote]).settle == 2.0
     assert choose_schedule("auto", [off, remote]).settle == 0.0

@@ -28,15 +28,17 @@ from specwise.models.attention import AttentionMetadata, PrefillChunk, step_meta
 from specwise.models.llama import LlamaForCausalLM
 
 
-def compile_forward(model: LlamaForCausalLM):
-    """model's forward, compiled: same arguments, same result (within rounding). Freezing is set in
-    inductor's global config: passed as an option (`torch.compile(options=...)`) it did not reach the
-    passes that prepack the linears (torch 2.13: the graphs ran plain matmuls, 1.3x slower than eager)."""
+def compile_forward(model: LlamaForCausalLM, kv_cache: torch.Tensor):
+    """model's forward, compiled now (both graphs, see warm_up): same arguments, same result (within
+    rounding). Freezing is set in inductor's global config: passed as an option (`torch.compile(options=...)`)
+    it did not reach the passes that prepack the linears (torch 2.13: plain matmuls, 1.3x slower than eager)."""
     torch._inductor.config.freezing = True
     # dynamic=None: the first graph is static (1 token), the second makes only what changed dynamic (the token
     # count); dynamic=True also made the cache's sizes symbolic, and "duck sizing" then tied a 2-token warm-up
     # to the cache's 2 (keys, values): every other token count recompiled
-    return torch.compile(model, dynamic=None)
+    forward = torch.compile(model, dynamic=None)
+    warm_up(forward, kv_cache)
+    return forward
 
 
 @torch.inference_mode()

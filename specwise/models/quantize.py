@@ -115,7 +115,8 @@ def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device
         return model
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and not (compiled and quantization == "none" and name != "lm_head"):
+            left_to_inductor = compiled and quantization == "none" and name != "lm_head"
+            if isinstance(child, nn.Linear) and not left_to_inductor:
                 setattr(parent, name, _packed(child, quantization, is_head=name == "lm_head"))
     return model
 
