@@ -39,8 +39,8 @@ class EngineConfig:
                                         "sequences mostly reads weights); default: as --num-threads"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     compile: bool = field(default=False, metadata={
-        "help": "compile the model's forward with inductor (models/compiled.py): faster steps, tens of seconds "
-                "more at start-up"})
+        "help": "compile the model's forward with inductor (models/compiled.py): faster steps, minutes more "
+                "at start-up"})
     speculative: str | None = field(
         default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L, suffix, lookahead[:W,N,G], "
                                         "eagle[:DIR], medusa[:DIR] (none = off)"})

@@ -3,7 +3,9 @@
 On a tiny random fp32 target:
   - a step mixing a first prompt chunk, a later chunk, decodes and verification rows gives the eager
     forward's logits (within fp32 rounding);
-  - steps of any token count after the warm-up compile nothing more (two graphs: one token, more);
+  - steps of 1-4 tokens, padded to a bucket's static graph, give the eager logits and KV cache (the
+    padding rows write no slot);
+  - steps of any token count after the warm-up compile nothing more (a graph per bucket, one dynamic);
   - greedy decoding with speculation (n-gram, layer_skip, whose shorter forward is a third graph) is token
     for token the compiled engine's output without it, in a continuous batch.
 """
@@ -49,6 +51,22 @@ def test_compiled_step_matches_eager_logits(checkpoint, compiled):
     expected, got = mixed_step(eager.engine.runner), mixed_step(compiled.engine.runner)
     assert got.shape == expected.shape == (7, checkpoint.config.vocab_size)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_steps_match_eager_logits_and_cache(checkpoint, compiled):
+    """Three decodes (3 tokens: bucket 4, one padding row), then a verification of 2 drafts (bucket 4)."""
+    eager = LLM(checkpoint=checkpoint, **ENGINE)
+    results = []
+    for llm in (eager, compiled):
+        runner = llm.engine.runner
+        runner.kv_cache.zero_()
+        tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+        runner.forward([list(range(1, 10)), list(range(20, 25)), list(range(40, 46))], [0, 0, 0], tables, [0, 0, 0])
+        decoded = runner.forward([[9], [25], [46]], [9, 5, 6], tables, [1, 1, 1])
+        verified = runner.forward([[10, 11, 12]], [10], tables[:1], [3])
+        results.append((decoded, verified, runner.kv_cache.clone()))
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_no_recompilation_after_warm_up(compiled):

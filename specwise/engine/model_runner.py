@@ -28,7 +28,7 @@ from specwise.engine.spec_decode.draft_tree import DraftTree
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
 from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk, step_metadata
-from specwise.models.compiled import compile_forward
+from specwise.models.compiled import CompiledForward
 from specwise.models.llama import LlamaForCausalLM
 
 
@@ -50,7 +50,7 @@ class ModelRunner:
                        config.head_dim)
         self.kv_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
         # the model's forward, or its compiled graphs (models/compiled.py), compiled now, not at the first request
-        self.forward_fn = compile_forward(model, self.kv_cache) if compiled else model
+        self.forward_fn = CompiledForward(model, self.kv_cache) if compiled else model
         self.generators: dict[int, torch.Generator] = {}
         # penalties, min_tokens, logit_bias, grammars; the engine shares one with its drafters
         self.processing = LogitsProcessing([])

@@ -135,7 +135,14 @@ def _layer_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     metadata = getattr(_local, "metadata", None)
     if metadata is None:
         raise RuntimeError("attention outside a step: run the model inside `with step_metadata(metadata):`")
-    return paged_attention(query, key, value, kv_cache[layer], metadata)
+    num_tokens = metadata.slot_mapping.shape[0]
+    if query.shape[0] == num_tokens:
+        return paged_attention(query, key, value, kv_cache[layer], metadata)
+    # rows past the step's tokens pad it to a compiled graph's size (compiled.py): no slot, no attention
+    output = query.new_zeros(query.shape[0], query.shape[1] * query.shape[2])
+    output[:num_tokens] = paged_attention(query[:num_tokens], key[:num_tokens], value[:num_tokens], kv_cache[layer],
+                                          metadata)
+    return output
 
 
 _op = torch.library.custom_op("specwise::paged_attention", _layer_attention, mutates_args=("kv_cache",))

@@ -1,55 +1,99 @@
-"""The model's forward compiled by inductor (`--compile`): one graph for every step.
+"""The model's forward compiled by inductor (`--compile`): a few graphs serve every step.
 
 Eager decoding runs ~30 small ops a layer between the matmuls, and each costs 2-3x what it costs
 alone (docs/engine.md): the weights streaming through have evicted the caches. Inductor fuses them
-(norm and scale, rotary, silu times up, the residual adds into the matmuls as oneDNN post-ops) and,
-with `freezing`, takes the weights as constants: it prepacks each linear for oneDNN itself, so the
-forward's Linear layers stay plain nn.Linear (quantize.pack_weights packs only the LM head, which
-runs outside the graph on the rows that are sampled).
+(norm and scale, rotary, silu times up, the residual adds) and, with `freezing`, takes the weights
+as constants.
 
 Attention is one opaque op (attention.py) that reads the step's metadata from `step_metadata`, so
-the graph does not depend on how a step mixes prefills, decodes and verification: the token count
-is its one dynamic size. Inductor specializes sizes 0 and 1, so there are two graphs, one token and
-more than one; `warm_up` compiles both before the first request (20-40 s each on two cores, at every
-start: with freezing, inductor's disk cache did not shorten a second start). A layer-skip drafter's
-shorter forward is a third graph, compiled at its first step.
+a graph does not depend on how a step mixes prefills, decodes and verification: the token count
+is its one size that changes. Steps of up to 4 tokens (decoding a few sequences, verifying a few
+drafts) are padded to a bucket of 1, 2 or 4 tokens, each its own static graph whose matmuls are
+inductor's C++ GEMM template (`max_autotune` with the CPP backend alone: generated for that row
+count, it reads bf16 weights ~1.5x faster than oneDNN's packed linear at one row; the only choice,
+so nothing is benchmarked). Larger steps (prefill chunks, large batches) run one graph with a
+dynamic token count and oneDNN's linears, prepacked by freezing: the template generated for one
+hint of a dynamic count ran 2x slower at 16 rows and 4x slower on a 163-token prefill, and a
+static bucket of 8 rows, autotuned, was 1.05-1.15x slower than the dynamic graph. The padding rows
+attend to nothing and write no cache slot (attention.py); 3 rows padded to 4 cost what 4 do.
 
-Measured on the 2-core VM (default model, bf16, decode steps compiled / eager, interleaved, see
-docs/engine.md): 0.90x at batch 1, 0.91x at 4, 0.95x at 16. Logits move within bf16 rounding; greedy
-exactness holds because drafting and plain decoding run the same graphs.
+`CompiledForward` compiles every graph before the first request (minutes on two cores, at every
+start: with freezing, inductor's disk cache did not shorten a second start). A layer-skip drafter's
+shorter forward is more graphs, compiled at its first steps. The LM head stays packed
+(quantize.pack_weights): it runs outside the graphs, on the rows that are sampled.
+
+Measured on the 2-core VM (default model, bf16), see docs/engine.md.
 """
 
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
 from specwise.models.llama import LlamaForCausalLM
 
-
-def compile_forward(model: LlamaForCausalLM, kv_cache: torch.Tensor):
-    """model's forward, compiled now (both graphs, see warm_up): same arguments, same result (within
-    rounding). Freezing is set in inductor's global config: passed as an option (`torch.compile(options=...)`)
-    it did not reach the passes that prepack the linears (torch 2.13: plain matmuls, 1.3x slower than eager)."""
-    torch._inductor.config.freezing = True
-    # dynamic=None: the first graph is static (1 token), the second makes only what changed dynamic (the token
-    # count); dynamic=True also made the cache's sizes symbolic, and "duck sizing" then tied a 2-token warm-up
-    # to the cache's 2 (keys, values): every other token count recompiled
-    forward = torch.compile(model, dynamic=None)
-    warm_up(forward, kv_cache)
-    return forward
+BUCKETS = (1, 2, 4)             # token counts with a static, autotuned graph; steps are padded up to one
+DYNAMIC_WARM_UP = 16            # the dynamic graph's first token count (its size hint)
 
 
-@torch.inference_mode()
-def warm_up(forward, kv_cache: torch.Tensor) -> None:
-    """Compile both graphs: prefills of 1 and 2 tokens written to slots 0 and 1 (block 0: any sequence
-    that later holds it writes its own keys there before reading them). Says so on stderr: it takes a while."""
-    print("specwise: compiling the model's forward (--compile; about a minute on two cores)", file=sys.stderr,
-          flush=True)
-    started = time.perf_counter()
-    for num_tokens in (1, 2):
-        slots = torch.arange(num_tokens, device=kv_cache.device)
-        with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
-            forward(torch.zeros(num_tokens, dtype=torch.long, device=kv_cache.device), slots, kv_cache)
-    print(f"specwise: compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+class _Static(torch.nn.Module):
+    """The model under another code object: dynamo keeps a cache of graphs per code object, so the static
+    buckets' graphs never meet the dynamic one (a bucket's call would match the dynamic graph's guards)."""
+
+    def __init__(self, model: LlamaForCausalLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, positions, kv_cache, num_layers=None):
+        return self.model(input_ids, positions, kv_cache, num_layers)
+
+
+class CompiledForward:
+    """model's forward, compiled (all graphs at construction): same arguments, same result within rounding."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, buckets: tuple[int, ...] = BUCKETS):
+        self.buckets = buckets
+        # freezing in inductor's global config: passed as an option (`torch.compile(options=...)`) it did not
+        # reach the passes that prepack the linears (torch 2.13: plain matmuls, 1.3x slower than eager)
+        torch._inductor.config.freezing = True
+        # each bucket is a graph, and so is each layer-skip depth at each bucket
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self.static = torch.compile(_Static(model), dynamic=False)
+        # dynamic=None and the token count marked dynamic at the first call: only that size is symbolic
+        # (dynamic=True also made the cache's sizes symbolic, and "duck sizing" tied a token count of 2 to
+        # the cache's 2, keys and values: every other count recompiled)
+        self.dynamic = torch.compile(model, dynamic=None)
+        self.warm_up(kv_cache)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                 num_layers: int | None = None) -> torch.Tensor:
+        num_tokens = input_ids.shape[0]
+        bucket = next((size for size in self.buckets if size >= num_tokens), None)
+        if bucket is None:
+            return self.dynamic(input_ids, positions, kv_cache, num_layers)
+        padding = (0, bucket - num_tokens)
+        hidden = self.static(F.pad(input_ids, padding), F.pad(positions, padding), kv_cache, num_layers)
+        return hidden[:num_tokens]
+
+    @torch.inference_mode()
+    def warm_up(self, kv_cache: torch.Tensor) -> None:
+        """Compile every graph: prefills written to the first slots (any sequence that later holds those
+        blocks writes its own keys there before reading them). Says so on stderr: it takes a while."""
+        print("specwise: compiling the model's forward (--compile; minutes on two cores)", file=sys.stderr,
+              flush=True)
+        started = time.perf_counter()
+        for num_tokens in self.buckets + (DYNAMIC_WARM_UP,):
+            input_ids = torch.zeros(num_tokens, dtype=torch.long, device=kv_cache.device)
+            slots = torch.arange(num_tokens, device=kv_cache.device)
+            with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
+                if num_tokens in self.buckets:
+                    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
+                        self.static(input_ids, slots, kv_cache)
+                else:
+                    torch._dynamo.mark_dynamic(input_ids, 0)
+                    torch._dynamo.mark_dynamic(slots, 0)
+                    self.dynamic(input_ids, slots, kv_cache)
+        print(f"specwise: compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
