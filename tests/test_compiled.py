@@ -69,6 +69,21 @@ def test_padded_steps_match_eager_logits_and_cache(checkpoint, compiled):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_layer_skip_depth_runs_its_own_graph(checkpoint, compiled):
+    """The compiled forward over the first layer only (a layer-skip drafter's) gives eager's first-layer
+    hidden states, at a bucket and in the dynamic graph: the depth selects its graph."""
+    eager = LLM(checkpoint=checkpoint, **ENGINE)
+    results = []
+    for llm in (eager, compiled):
+        runner = llm.engine.runner
+        tables = [list(range(8 * i, 8 * i + 8)) for i in range(2)]
+        prefill = runner.hidden_states([list(range(1, 10)), list(range(20, 25))], [0, 0], tables, num_layers=1)
+        decode = runner.hidden_states([[9], [25]], [9, 5], tables, num_layers=1)
+        results.append((prefill, decode))
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_no_recompilation_after_warm_up(compiled):
     before = graphs()
     runner = compiled.engine.runner

@@ -162,9 +162,9 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # through this, rejects a second in-place write through a view taken before the first)
     kv_cache.index_copy_(2, metadata.slot_mapping, torch.stack([key, value]).transpose(1, 2))
     key_cache, value_cache = kv_cache                                     # [kv_heads, num_slots, head_dim] each
-    key, value = key.transpose(0, 1), value.transpose(0, 1)               # [kv_heads, num_tokens, head_dim]
     if metadata.groups and metadata.groups[0].rows is None:          # the one group is the whole batch
         return grouped_attention(query, key_cache, value_cache, metadata.groups[0])
+    key, value = key.transpose(0, 1), value.transpose(0, 1)               # [kv_heads, num_tokens, head_dim]
     output = query.new_empty(num_tokens, num_heads * head_dim)
     for chunk in metadata.prefills:
         rows = slice(chunk.start, chunk.end)
