@@ -145,10 +145,14 @@ def _layer_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return output
 
 
-_op = torch.library.custom_op("specwise::paged_attention", _layer_attention, mutates_args=("kv_cache",))
+# Defined through torch.library.Library, not the `custom_op` decorator: the decorator's Python wrapper cost
+# ~45 us a call inside the engine's compiled step (30 calls a step), the plain registration ~3 us.
+_library = torch.library.Library("specwise", "DEF")
+_library.define("paged_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) kv_cache, int layer) -> Tensor")
+_library.impl("paged_attention", _layer_attention, "CompositeExplicitAutograd")
 
 
-@_op.register_fake
+@torch.library.register_fake("specwise::paged_attention")
 def _(query, key, value, kv_cache, layer):
     return query.new_empty(query.shape[0], query.shape[1] * query.shape[2])
 
