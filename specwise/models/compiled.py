@@ -30,11 +30,13 @@ import time
 
 import torch
 import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
 from specwise.models.llama import LlamaForCausalLM
 
-BUCKETS = (1, 2, 4)             # token counts with a static, autotuned graph; steps are padded up to one
+BUCKETS = (1, 2, 4)             # token counts with a static graph (C++ GEMM template); steps are padded up to one
 DYNAMIC_WARM_UP = 16            # the dynamic graph's first token count (its size hint)
 
 
@@ -83,20 +85,26 @@ class CompiledForward:
     @torch.inference_mode()
     def warm_up(self, kv_cache: torch.Tensor) -> None:
         """Compile every graph: prefills written to the first slots (any sequence that later holds those
-        blocks writes its own keys there before reading them). Says so on stderr: it takes a while."""
-        print("specwise: compiling the model's forward (--compile; minutes on two cores)", file=sys.stderr,
-              flush=True)
+        blocks writes its own keys there before reading them). A progress bar on stderr: it takes minutes."""
         started = time.perf_counter()
-        for num_tokens in self.buckets + (DYNAMIC_WARM_UP,):
-            input_ids = torch.zeros(num_tokens, dtype=torch.long, device=kv_cache.device)
-            slots = torch.arange(num_tokens, device=kv_cache.device)
-            with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
-                if num_tokens in self.buckets:
-                    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
-                        self.static(input_ids, slots, kv_cache)
-                else:
-                    torch._dynamo.mark_dynamic(input_ids, 0)
-                    torch._dynamo.mark_dynamic(slots, 0)
-                    self.dynamic(input_ids, slots, kv_cache)
+        sizes = self.buckets + (DYNAMIC_WARM_UP,)
+        columns = (TextColumn("specwise: compiling the model's forward (--compile), {task.fields[graph]}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=Console(stderr=True)) as progress:
+            task = progress.add_task("compile", total=len(sizes), graph="")
+            for num_tokens in sizes:
+                input_ids = torch.zeros(num_tokens, dtype=torch.long, device=kv_cache.device)
+                slots = torch.arange(num_tokens, device=kv_cache.device)
+                with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
+                    if num_tokens in self.buckets:
+                        progress.update(task, graph=f"steps of {num_tokens} token{'s' * (num_tokens > 1)}")
+                        with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
+                            self.static(input_ids, slots, kv_cache)
+                    else:
+                        progress.update(task, graph=f"steps of more than {self.buckets[-1]} tokens")
+                        torch._dynamo.mark_dynamic(input_ids, 0)
+                        torch._dynamo.mark_dynamic(slots, 0)
+                        self.dynamic(input_ids, slots, kv_cache)
+                progress.advance(task)
         print(f"specwise: compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
