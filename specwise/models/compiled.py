@@ -88,8 +88,8 @@ class CompiledForward:
         blocks writes its own keys there before reading them). A progress bar on stderr: it takes minutes."""
         started = time.perf_counter()
         sizes = self.buckets + (DYNAMIC_WARM_UP,)
-        columns = (TextColumn("specwise: compiling the model's forward (--compile), {task.fields[graph]}"), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (TextColumn("specwise: compiling the {task.fields[graph]} graph"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
         with Progress(*columns, console=Console(stderr=True)) as progress:
             task = progress.add_task("compile", total=len(sizes), graph="")
             for num_tokens in sizes:
@@ -97,11 +97,11 @@ class CompiledForward:
                 slots = torch.arange(num_tokens, device=kv_cache.device)
                 with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
                     if num_tokens in self.buckets:
-                        progress.update(task, graph=f"steps of {num_tokens} token{'s' * (num_tokens > 1)}")
+                        progress.update(task, graph=f"{num_tokens}-token")
                         with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
                             self.static(input_ids, slots, kv_cache)
                     else:
-                        progress.update(task, graph=f"steps of more than {self.buckets[-1]} tokens")
+                        progress.update(task, graph=f">{self.buckets[-1]}-token")
                         torch._dynamo.mark_dynamic(input_ids, 0)
                         torch._dynamo.mark_dynamic(slots, 0)
                         self.dynamic(input_ids, slots, kv_cache)
