@@ -98,8 +98,11 @@ def test_interrupted_run_keeps_finished_requests_and_reports(tmp_path):
                    "--endpoint", f"ngram={spec.url}", "--workload", "suite:chat", "--per-category", "3",
                    "--concurrency", "2", "--num-requests", "40", "--max-tokens", "10", "--warmup", "0",
                    "--output", str(output), "--no-progress"]
+        # Ctrl-C in a terminal: SIGINT at its default. A test run started in the background (`cmd &` in a script)
+        # ignores SIGINT, children inherit that, and Python then never raises KeyboardInterrupt
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                                   env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and _lines(output / "requests.jsonl") < 3:
