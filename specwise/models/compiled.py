@@ -55,8 +55,7 @@ class _Static(torch.nn.Module):
 class CompiledForward:
     """model's forward, compiled (all graphs at construction): same arguments, same result within rounding."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, buckets: tuple[int, ...] = BUCKETS):
-        self.buckets = buckets
+    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor):
         # freezing in inductor's global config: passed as an option (`torch.compile(options=...)`) it did not
         # reach the passes that prepack the linears (torch 2.13: plain matmuls, 1.3x slower than eager)
         torch._inductor.config.freezing = True
@@ -75,7 +74,7 @@ class CompiledForward:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                  num_layers: int | None = None) -> torch.Tensor:
         num_tokens = input_ids.shape[0]
-        bucket = next((size for size in self.buckets if size >= num_tokens), None)
+        bucket = next((size for size in BUCKETS if size >= num_tokens), None)
         if bucket is None:
             return self.dynamic(input_ids, positions, kv_cache, num_layers)
         padding = (0, bucket - num_tokens)
@@ -87,7 +86,7 @@ class CompiledForward:
         """Compile every graph: prefills written to the first slots (any sequence that later holds those
         blocks writes its own keys there before reading them). A progress bar on stderr: it takes minutes."""
         started = time.perf_counter()
-        sizes = self.buckets + (DYNAMIC_WARM_UP,)
+        sizes = BUCKETS + (DYNAMIC_WARM_UP,)
         columns = (TextColumn("specwise: compiling the {task.fields[graph]} graph"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
         with Progress(*columns, console=Console(stderr=True)) as progress:
@@ -96,12 +95,12 @@ class CompiledForward:
                 input_ids = torch.zeros(num_tokens, dtype=torch.long, device=kv_cache.device)
                 slots = torch.arange(num_tokens, device=kv_cache.device)
                 with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
-                    if num_tokens in self.buckets:
+                    if num_tokens in BUCKETS:
                         progress.update(task, graph=f"{num_tokens}-token")
                         with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
                             self.static(input_ids, slots, kv_cache)
                     else:
-                        progress.update(task, graph=f">{self.buckets[-1]}-token")
+                        progress.update(task, graph=f">{BUCKETS[-1]}-token")
                         torch._dynamo.mark_dynamic(input_ids, 0)
                         torch._dynamo.mark_dynamic(slots, 0)
                         self.dynamic(input_ids, slots, kv_cache)
