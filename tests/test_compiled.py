@@ -5,7 +5,8 @@ On a tiny random fp32 target:
     forward's logits (within fp32 rounding);
   - steps of 1-4 tokens, padded to a bucket's static graph, give the eager logits and KV cache (the
     padding rows write no slot);
-  - steps of any token count after the warm-up compile nothing more (a graph per bucket, one dynamic);
+  - steps of any token count after the warm-up compile nothing more (a graph per bucket, one dynamic;
+    the same for the LM head, whatever the number of rows sampled, none included);
   - greedy decoding with speculation (n-gram, layer_skip, whose shorter forward is a third graph) is token
     for token the compiled engine's output without it, in a continuous batch.
 """
@@ -89,7 +90,9 @@ def test_no_recompilation_after_warm_up(compiled):
     runner = compiled.engine.runner
     for num_seqs in (1, 2, 3, 5, 8):
         tables = [list(range(8 * i, 8 * i + 8)) for i in range(num_seqs)]
-        runner.forward([[7] * (3 + i) for i in range(num_seqs)], [0] * num_seqs, tables, [1] * num_seqs)
+        # prompt chunks that sample nothing: no logits rows
+        none = runner.forward([[7] * (3 + i) for i in range(num_seqs)], [0] * num_seqs, tables, [0] * num_seqs)
+        assert none.shape == (0, runner.model.config.vocab_size)
         runner.forward([[8] for _ in range(num_seqs)], [3 + i for i in range(num_seqs)], tables, [1] * num_seqs)
     assert graphs() == before
 

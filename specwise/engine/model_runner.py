@@ -92,7 +92,7 @@ class ModelRunner:
         rows = [row for end, count in zip(ends, num_logits) for row in range(end - count, end)]
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]   # [sum(num_logits), hidden]
-        return self.model.compute_logits(hidden)
+        return self.forward_fn.compute_logits(hidden)
 
     def prepare(self, token_ids, start_positions, block_tables, trees=None):
         """Flat index tensors of one step, built on the host (no size is read back from the device):

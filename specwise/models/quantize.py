@@ -105,8 +105,8 @@ def _cpu_has_native_bf16() -> bool:
 def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device: str,
                  compiled: bool = False) -> nn.Module:
     """Swap the Linear layers of a loaded model for the kernels of its weight format (CPU only;
-    fp32 and other devices keep plain nn.Linear). `compiled`: bf16 layers inside a compiled forward stay
-    plain, for inductor to prepack (models/compiled.py); only the LM head, run eagerly, is packed."""
+    fp32 and other devices keep plain nn.Linear). `compiled`: bf16 layers stay plain, LM head included, for
+    inductor to pack (models/compiled.py compiles the forward and the LM head)."""
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     if quantization != "none" and dtype != torch.bfloat16:
@@ -115,7 +115,7 @@ def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device
         return model
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            left_to_inductor = compiled and quantization == "none" and name != "lm_head"
+            left_to_inductor = compiled and quantization == "none"
             if isinstance(child, nn.Linear) and not left_to_inductor:
                 setattr(parent, name, _packed(child, quantization, is_head=name == "lm_head"))
     return model
