@@ -316,6 +316,8 @@ def test_the_draft_vocabulary_head_gives_the_targets_logits_there_and_a_finite_f
     with torch.inference_mode():
         full = model.compute_logits(features)                                           # [5, vocab]
         logits = DraftLMHead(model, vocab, context)(features)
+        # without a draft vocabulary: the target's logits, as its runner computes them
+        torch.testing.assert_close(DraftLMHead(model, None, context)(features), full, rtol=0, atol=0)
     tolerance = 1e-5 if dtype == "float32" else 0.05 * full.abs().max().item()
     torch.testing.assert_close(logits[:, vocab], full[:, vocab], rtol=0, atol=tolerance)
     outside = torch.ones(logits.shape[1], dtype=torch.bool)

@@ -58,6 +58,8 @@ class DraftLMHead:
 
     def __init__(self, model: LlamaForCausalLM, draft_vocab: list[int] | None, context: ProposerContext):
         self.model = model
+        # the target's LM head as its runner runs it (under --compile: the compiled head's graphs)
+        self.full_logits = context.runner.forward_fn.compute_logits
         self.draft_vocab = None
         if draft_vocab is not None:
             self.draft_vocab = torch.tensor(draft_vocab, device=context.device)                # [A]
@@ -68,7 +70,7 @@ class DraftLMHead:
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         if self.draft_vocab is None:
-            return self.model.compute_logits(features)
+            return self.full_logits(features)
         chosen = self.rows(features).float()                                                   # [rows, A]
         floor = chosen.amin(dim=-1, keepdim=True) - OUTSIDE_MARGIN                             # [rows, 1]
         logits = floor.expand(len(chosen), self.model.config.vocab_size).clone()               # [rows, vocab]
