@@ -42,8 +42,9 @@ DYNAMIC_WARM_UP = 16            # the dynamic graph's first token count (its siz
 
 
 class _Static(torch.nn.Module):
-    """The model under another code object: dynamo keeps a cache of graphs per code object, so the static
-    buckets' graphs never meet the dynamic one (a bucket's call would match the dynamic graph's guards)."""
+    """The model (forward, compute_logits) under other code objects: dynamo keeps a cache of graphs per code
+    object, so the static buckets' graphs never meet the dynamic ones (a bucket's call would match the dynamic
+    graph's guards)."""
 
     def __init__(self, model: LlamaForCausalLM):
         super().__init__()
@@ -77,12 +78,14 @@ class CompiledForward:
         self.dynamic = torch.compile(model, dynamic=None, options=options)
         self.dynamic_logits = torch.compile(model.compute_logits, dynamic=None, options=options)
         self.model = model
+        # int8/int4 LM heads run their own kernels, not inductor's: eagerly
+        self.logits_compiled = isinstance(model.lm_head, torch.nn.Linear)
         self.warm_up(kv_cache)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                  num_layers: int | None = None) -> torch.Tensor:
         num_tokens = input_ids.shape[0]
-        bucket = next((size for size in BUCKETS if size >= num_tokens), None)
+        bucket = _bucket(num_tokens)
         if bucket is None:
             return self.dynamic(input_ids, positions, kv_cache, num_layers)
         padding = (0, bucket - num_tokens)
@@ -91,10 +94,10 @@ class CompiledForward:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's compute_logits, compiled: rows padded to a bucket (none: to 1) or the dynamic graph."""
-        if not isinstance(self.model.lm_head, torch.nn.Linear):      # int8/int4: its kernel is not inductor's
+        if not self.logits_compiled:
             return self.model.compute_logits(hidden)
         num_rows = hidden.shape[0]
-        bucket = next((size for size in BUCKETS if size >= max(num_rows, 1)), None)
+        bucket = _bucket(num_rows)
         if bucket is None:
             return self.dynamic_logits(hidden)
         return self.static_logits(F.pad(hidden, (0, 0, 0, bucket - num_rows)))[:num_rows]
@@ -127,3 +130,8 @@ class CompiledForward:
                 progress.advance(task)
         print(f"specwise: compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
+
+
+def _bucket(num_rows: int) -> int | None:
+    """The smallest static graph's size that holds num_rows (0 rows: the 1-row graph); None above them all."""
+    return next((size for size in BUCKETS if size >= max(num_rows, 1)), None)
