@@ -23,8 +23,10 @@ def _base_type(annotation):
     return annotation
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls, exclude=(), prefix=""):
+def add_dataclass_args(parser: argparse.ArgumentParser, cls, exclude=(), prefix="", defaults=None):
+    """defaults: {field: value} for this command only (e.g. `serve` compiles by default), shown in --help."""
     hints = typing.get_type_hints(cls)
+    defaults = defaults or {}
     for f in dataclasses.fields(cls):
         if f.name in exclude:
             continue
@@ -32,14 +34,16 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, exclude=(), prefix=
         help_text = f.metadata.get("help", "")
         kind = _base_type(hints[f.name])
         dest = prefix.replace("-", "_") + f.name
+        if f.name in defaults:
+            parser.set_defaults(**{dest: defaults[f.name]})
+        default = defaults.get(f.name, None if f.default is dataclasses.MISSING else f.default)
         if kind is bool:
             parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=f"{help_text} (default: {f.default})")
+                                default=argparse.SUPPRESS, help=f"{help_text} (default: {default})")
         elif isinstance(kind, tuple):
             parser.add_argument(flag, dest=dest, type=kind[1], action="append", default=argparse.SUPPRESS,
                                 help=f"{help_text} (repeatable)")
         else:
-            default = None if f.default is dataclasses.MISSING else f.default
             parser.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS,
                                 help=f"{help_text} (default: {default})")
 

@@ -8,7 +8,8 @@ On a tiny random fp32 target:
   - steps of any token count after the warm-up compile nothing more (a graph per bucket, one dynamic;
     the same for the LM head, whatever the number of rows sampled, none included);
   - greedy decoding with speculation (n-gram, layer_skip, whose shorter forward is a third graph) is token
-    for token the compiled engine's output without it, in a continuous batch.
+    for token the compiled engine's output without it, in a continuous batch; layer_skip's graphs are
+    compiled when it is set up, not by its first requests.
 """
 
 import pytest
@@ -95,6 +96,20 @@ def test_no_recompilation_after_warm_up(compiled):
         assert none.shape == (0, runner.model.config.vocab_size)
         runner.forward([[8] for _ in range(num_seqs)], [3 + i for i in range(num_seqs)], tables, [1] * num_seqs)
     assert graphs() == before
+
+
+def test_layer_skip_graphs_compile_when_the_drafter_is_set_up(compiled):
+    """A layer-skip drafter's shorter forward is compiled when it is chosen, so its first requests
+    (a server's first clients) do not wait minutes: generating with it compiles nothing more."""
+    before = graphs()
+    compiled.engine.set_speculative("layer_skip:2", 3)
+    compiled_at_set_up = graphs()
+    assert compiled_at_set_up > before
+    drafts = compiled.engine.stats.drafts
+    compiled.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert compiled.engine.stats.drafts > drafts
+    assert graphs() == compiled_at_set_up
+    compiled.engine.set_speculative(None, 0)
 
 
 @pytest.mark.parametrize("speculative", ["ngram", "layer_skip:1"])

@@ -70,7 +70,8 @@ def test_specwise_serve_subprocess(tmp_path):
     model = write_hf_checkpoint(tmp_path / "tiny-hf", config, random_state_dict(config))
     port = free_port()
     command = [sys.executable, "-m", "specwise.cli", "serve", "--model", str(model), "--port", str(port),
-               "--max-model-len", "128", "--num-kv-blocks", "64", "--speculative", "ngram", "--api-key", "sekret"]
+               "--max-model-len", "128", "--num-kv-blocks", "64", "--speculative", "ngram", "--api-key", "sekret",
+               "--no-compile"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -94,6 +95,21 @@ def test_specwise_serve_subprocess(tmp_path):
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def test_serve_compiles_by_default_and_says_what_compiling_needs(tmp_path):
+    """`specwise serve` compiles the model unless told --no-compile; on a machine without a C++ compiler it
+    stops at start-up with an error naming the compiler and the way out, rather than serving or hanging."""
+    config = make_tiny_hf_config()
+    model = write_hf_checkpoint(tmp_path / "tiny-hf", config, random_state_dict(config))
+    command = [sys.executable, "-m", "specwise.cli", "serve", "--model", str(model), "--port", str(free_port()),
+               "--max-model-len", "64", "--num-kv-blocks", "32", "--dtype", "float32"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CXX": str(tmp_path / "no-such-compiler"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}       # nothing compiled earlier to reuse
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "C++ compiler" in result.stderr and "--no-compile" in result.stderr, result.stderr[-2000:]
+    assert "serving" not in result.stderr
 
 
 def test_model_id_defaults_to_the_checkpoint_name(tmp_path):

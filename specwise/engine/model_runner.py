@@ -61,6 +61,11 @@ class ModelRunner:
         # drafters that read the target's features (step_features.py); empty: nothing is kept
         self.feature_observers: list[Callable[[StepFeatures], None]] = []
 
+    def warm_up(self, num_layers: int) -> None:
+        """Compile now (under --compile) the graphs of a forward through the first num_layers layers."""
+        if isinstance(self.forward_fn, CompiledForward):
+            self.forward_fn.warm_up(self.kv_cache, num_layers)
+
     def blocks_for(self, num_slots: int) -> int:
         return -(-num_slots // self.block_size)
 

@@ -19,9 +19,10 @@ attend to nothing and write no cache slot (attention.py); 3 rows padded to 4 cos
 
 `CompiledForward` compiles every graph before the first request (minutes on two cores, at every
 start: with freezing, inductor's disk cache did not shorten a second start). A layer-skip drafter's
-shorter forward is more graphs, compiled at its first steps. The LM head runs on the rows that
-are sampled, in graphs of its own bucketed the same way (`compute_logits`): the template reads it
-~1.4x faster than oneDNN's packed linear at one row. A quantized LM head (int8) runs its kernel.
+shorter forward is four more graphs, compiled when the drafter is set up (`warm_up(num_layers=L)`),
+not in the middle of its first requests. The LM head runs on the rows that are sampled, in graphs
+of its own bucketed the same way (`compute_logits`): the template reads it ~1.4x faster than
+oneDNN's packed linear at one row. A quantized LM head (int8) runs its kernel.
 
 Measured on the 2-core VM (default model, bf16), see docs/engine.md.
 """
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from specwise.errors import ConfigError
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
 from specwise.models.llama import LlamaForCausalLM
 
@@ -80,7 +82,12 @@ class CompiledForward:
         self.model = model
         # int8/int4 LM heads run their own kernels, not inductor's: eagerly
         self.logits_compiled = isinstance(model.lm_head, torch.nn.Linear)
-        self.warm_up(kv_cache)
+        try:
+            self.warm_up(kv_cache)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            reason = str(error).strip().splitlines()[0]
+            raise ConfigError(f"--compile: inductor could not compile the model ({reason}). It needs a working C++ "
+                              f"compiler (g++ or clang++ on PATH, or CXX=...); --no-compile runs without it") from error
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                  num_layers: int | None = None) -> torch.Tensor:
@@ -103,11 +110,13 @@ class CompiledForward:
         return self.static_logits(F.pad(hidden, (0, 0, 0, bucket - num_rows)))[:num_rows]
 
     @torch.inference_mode()
-    def warm_up(self, kv_cache: torch.Tensor) -> None:
-        """Compile every graph: prefills written to the first slots (any sequence that later holds those
-        blocks writes its own keys there before reading them). A progress bar on stderr: it takes minutes."""
+    def warm_up(self, kv_cache: torch.Tensor, num_layers: int | None = None) -> None:
+        """Compile every graph of a forward through the first num_layers layers (None: all): prefills written to
+        the first slots (any sequence that later holds those blocks writes its own keys there before reading
+        them). A progress bar on stderr: it takes minutes."""
         started = time.perf_counter()
         sizes = BUCKETS + (DYNAMIC_WARM_UP,)
+        depth = "" if num_layers is None else f" {num_layers}-layer"
         columns = (TextColumn("specwise: compiling the {task.fields[graph]} graph"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
         with Progress(*columns, console=Console(stderr=True)) as progress:
@@ -117,14 +126,14 @@ class CompiledForward:
                 slots = torch.arange(num_tokens, device=kv_cache.device)
                 with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
                     if num_tokens in BUCKETS:
-                        progress.update(task, graph=f"{num_tokens}-token")
+                        progress.update(task, graph=f"{num_tokens}-token{depth}")
                         with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
-                            self.compute_logits(self.static(input_ids, slots, kv_cache))
+                            self.compute_logits(self.static(input_ids, slots, kv_cache, num_layers))
                     else:
-                        progress.update(task, graph=f">{BUCKETS[-1]}-token")
+                        progress.update(task, graph=f">{BUCKETS[-1]}-token{depth}")
                         torch._dynamo.mark_dynamic(input_ids, 0)
                         torch._dynamo.mark_dynamic(slots, 0)
-                        hidden = self.dynamic(input_ids, slots, kv_cache)
+                        hidden = self.dynamic(input_ids, slots, kv_cache, num_layers)
                         torch._dynamo.mark_dynamic(hidden, 0)
                         self.compute_logits(hidden)
                 progress.advance(task)

@@ -11,7 +11,9 @@ from specwise.server.config import ServerConfig
 def register(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_dataclass_args(parser, EngineConfig)
+    # a server runs for hours: like vLLM, it compiles the model's forward by default (minutes at start-up,
+    # then decode steps up to ~2x faster, benchmarks/README.md); --no-compile starts in seconds
+    add_dataclass_args(parser, EngineConfig, defaults={"compile": True})
     add_dataclass_args(parser, ServerConfig)
     parser.set_defaults(handler=run_serve)
 

@@ -14,6 +14,7 @@ from specwise.engine.spec_decode.proposer import Proposal
 class LayerSkipProposer:
     def __init__(self, context: ProposerContext, num_layers: int):
         self.drafter = ModelDrafter(context.runner, num_layers=num_layers)
+        context.runner.warm_up(num_layers)     # under --compile: the shorter forward's graphs, before any request
 
     def propose(self, seqs, num_draft_tokens: list[int]) -> Proposal:
         return self.drafter.draft(seqs, num_draft_tokens, [seq.num_computed_tokens for seq in seqs])
