@@ -7,9 +7,10 @@ On a tiny random fp32 target:
     padding rows write no slot);
   - steps of any token count after the warm-up compile nothing more (a graph per bucket, one dynamic;
     the same for the LM head, whatever the number of rows sampled, none included);
-  - greedy decoding with speculation (n-gram, layer_skip, whose shorter forward is a third graph) is token
-    for token the compiled engine's output without it, in a continuous batch; layer_skip's graphs are
-    compiled when it is set up, not by its first requests.
+  - greedy decoding with speculation (n-gram, layer_skip, whose shorter forward is a third graph, suffix,
+    lookahead's draft trees) is token for token the compiled engine's output without it, in a continuous
+    batch (serve compiles by default); layer_skip's graphs are compiled when it is set up, not by its
+    first requests.
 """
 
 import pytest
@@ -112,13 +113,14 @@ def test_layer_skip_graphs_compile_when_the_drafter_is_set_up(compiled):
     compiled.engine.set_speculative(None, 0)
 
 
-@pytest.mark.parametrize("speculative", ["ngram", "layer_skip:1"])
+@pytest.mark.parametrize("speculative", ["ngram", "layer_skip:1", "suffix", "lookahead"])
 def test_greedy_speculation_under_compile_equals_plain(checkpoint, compiled, speculative):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     compiled.engine.set_speculative(None, 0)
     expected = [out.output_token_ids for out in compiled.generate(PROMPTS, params)]
     compiled.engine.set_speculative(speculative, 3)
+    drafts = compiled.engine.stats.drafts
     got = [out.output_token_ids for out in compiled.generate(PROMPTS, params)]
-    assert compiled.engine.stats.drafts > 0
+    assert compiled.engine.stats.drafts > drafts
     assert got == expected
     compiled.engine.set_speculative(None, 0)
