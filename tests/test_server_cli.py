@@ -46,6 +46,13 @@ def test_serve_flags_build_both_configs():
     assert (engine_config.max_model_len, engine_config.speculative) == (128, "ngram")
 
 
+def test_serve_compiles_unless_told_not_to_and_other_commands_do_not():
+    def compiles(argv):
+        return dataclass_from_args(EngineConfig, build_parser().parse_args(argv)).compile
+    assert compiles(["serve"]) and not compiles(["serve", "--no-compile"])
+    assert not compiles(["generate", "--prompt", "hi"]) and compiles(["generate", "--prompt", "hi", "--compile"])
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -12,7 +12,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # a server runs for hours: like vLLM, it compiles the model's forward by default (minutes at start-up,
-    # then decode steps up to ~2x faster, benchmarks/README.md); --no-compile starts in seconds
+    # then decode steps 1.4-1.7x faster, benchmarks/README.md); --no-compile starts in seconds
     add_dataclass_args(parser, EngineConfig, defaults={"compile": True})
     add_dataclass_args(parser, ServerConfig)
     parser.set_defaults(handler=run_serve)
