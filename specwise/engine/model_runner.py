@@ -62,7 +62,8 @@ class ModelRunner:
         self.feature_observers: list[Callable[[StepFeatures], None]] = []
 
     def warm_up(self, num_layers: int) -> None:
-        """Compile now (under --compile) the graphs of a forward through the first num_layers layers."""
+        """Compile now (under --compile) the graphs of a forward through the first num_layers layers. Only while
+        no request is in flight (as drafters are set up): the warm-up's prefills write the cache's first slots."""
         if isinstance(self.forward_fn, CompiledForward):
             self.forward_fn.warm_up(self.kv_cache, num_layers)
 

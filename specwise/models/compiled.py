@@ -86,8 +86,9 @@ class CompiledForward:
             self.warm_up(kv_cache)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             reason = str(error).strip().splitlines()[0]
-            raise ConfigError(f"--compile: inductor could not compile the model ({reason}). It needs a working C++ "
-                              f"compiler (g++ or clang++ on PATH, or CXX=...); --no-compile runs without it") from error
+            raise ConfigError(f"--compile: inductor could not compile the model ({reason}). The usual cause is no "
+                              f"working C++ compiler (it needs g++ or clang++ on PATH, or CXX=...); --no-compile runs "
+                              f"the model without inductor") from error
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                  num_layers: int | None = None) -> torch.Tensor:
