@@ -141,7 +141,6 @@ class CompiledForward:
         print(f"specwise: compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-
 def _bucket(num_rows: int) -> int | None:
     """The smallest static graph's size that holds num_rows (0 rows: the 1-row graph); None above them all."""
     return next((size for size in BUCKETS if size >= max(num_rows, 1)), None)
