@@ -51,6 +51,7 @@ class Arms:
     max_model_len: int | None
     model: str
     shutdown: object = None         # called when the run ends (the engine's step thread)
+    kernels: dict | None = None     # what the in-process engine runs (LLMEngine.kernels)
 
 
 def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
@@ -118,7 +119,7 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
           headers: dict) -> Arms:
     """The targets, in the order of `specs`; in-process arms load the model (once)."""
     local = [spec for spec in specs if spec.url is None]
-    by_name, tokenizer, max_len, shutdown = {}, None, None, None
+    by_name, tokenizer, max_len, shutdown, kernels = {}, None, None, None, None
     model = config.served_model or "served by the endpoints"
     if local:
         from specwise.bench.load.targets.engine import build_engine_targets
@@ -126,6 +127,9 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
                                                                 config.temperature, config.seed, checkpoint)
         by_name.update((target.name, target) for target in targets)
         max_len, shutdown = async_engine.engine.max_model_len, async_engine.shutdown
+        kernels = async_engine.engine.kernels
+        eager_note = "" if kernels["compiled"] else " (`specwise serve` compiles by default: --compile measures that)"
+        print(f"specwise: engine: {async_engine.engine.kernel_line}{eager_note}", file=sys.stderr, flush=True)
         model = (engine_config and engine_config.model) or DEFAULT_MODEL_NAME
     if config.tokenizer and tokenizer is None:
         tokenizer = LocalTokenizer(config.tokenizer)
@@ -134,7 +138,8 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
             by_name[spec.name] = HttpTarget(name=spec.name, base_url=spec.url, method=spec.method, api=config.api,
                                             model=config.served_model, temperature=config.temperature,
                                             timeout=config.request_timeout, headers=headers)
-    return Arms(specs, [by_name[spec.name] for spec in specs], tokenizer, max_len, model, shutdown=shutdown)
+    return Arms(specs, [by_name[spec.name] for spec in specs], tokenizer, max_len, model, shutdown=shutdown,
+                kernels=kernels)
 
 
 def _baseline(config: EvaluateConfig, specs: list[ArmSpec]) -> str:
@@ -169,6 +174,7 @@ def _run_info(config: EvaluateConfig, engine_config: EngineConfig, plan: Plan, a
                      "throughput_floor": config.throughput_floor, "confidence": config.confidence,
                      "precision": config.precision},
         "engine": dataclasses.asdict(engine_config) if config.in_process_methods() and engine_config else None,
+        "kernels": arms.kernels,
         "config": dict(dataclasses.asdict(config), api_key=None),
     }
 

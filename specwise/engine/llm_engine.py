@@ -24,7 +24,7 @@ from specwise.engine.scheduler import ScheduledBatch, Scheduler
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
-from specwise.models.quantize import compute_dtype
+from specwise.models.capabilities import compute_dtype, cpu_capabilities, describe, linear_path
 from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
@@ -48,6 +48,12 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len, checkpoint.config.max_position_embeddings)
         self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len, config.quantization,
                                  config.compile)
+        # what runs, for start-up lines and run.json: "bf16, linears: bf16 oneDNN packed (CPU AVX512, x86_64)"
+        self.kernel_line = describe(self.dtype, config.quantization, config.device, config.compile) + \
+            (", compiled" if config.compile else ", eager")
+        self.kernels = {"dtype": str(self.dtype).removeprefix("torch."), "compiled": config.compile,
+                        "linears": linear_path(self.dtype, config.quantization, config.device, config.compile),
+                        "cpu": cpu_capabilities().to_dict()}
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_gb * 2**30 // kv_block_bytes(self.model, config.block_size, self.dtype))
         self.block_manager = BlockManager(num_blocks, config.block_size)

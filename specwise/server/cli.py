@@ -37,7 +37,9 @@ def run_serve(args) -> int:
     if not config.is_loopback and not api_keys(config):
         print(f"specwise: warning: serving on {config.host} without an API key: anyone who can reach this "
               f"address can use the model", file=sys.stderr)
-    app = create_app(AsyncEngine(lambda: LLMEngine(engine_config)), config)   # built on the step thread
+    async_engine = AsyncEngine(lambda: LLMEngine(engine_config))                # built on the step thread
+    print(f"specwise: engine: {async_engine.engine.kernel_line}", file=sys.stderr, flush=True)
+    app = create_app(async_engine, config)
     print(f"specwise: serving {app.state.model!r} on http://{config.host}:{config.port}/v1", file=sys.stderr)
     try:
         uvicorn.Server(uvicorn_config(app, config)).run()
