@@ -44,9 +44,17 @@ class Serving:
             await asyncio.to_thread(self.engine.check_params, params[0])
         except SpecwiseError as error:
             raise APIError(400, str(error), grammar_param(request, params[0]), "invalid_value") from None
+        if len(params) > self.capacity:
+            raise APIError(400, f"this request asks for {len(params)} sequences (n, best_of); the server admits at "
+                                f"most {self.capacity} at once (--max-num-seqs + --max-queue)", "n", "invalid_value")
         if self.admitted + len(params) > self.capacity:
-            raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry later",
-                           code="queue_full")
+            max_num_seqs = self.engine.config.max_num_seqs
+            max_queue = self.capacity - max_num_seqs
+            raise APIError(429, f"the queue is full: {self.admitted} requests are admitted and this one adds "
+                                f"{len(params)}, over the bound of {self.capacity} ({max_num_seqs} running "
+                                f"(--max-num-seqs) + {max_queue} queued (--max-queue)); retry later",
+                           code="queue_full", details={"admitted": self.admitted, "capacity": self.capacity,
+                                                       "max_num_seqs": max_num_seqs, "max_queue": max_queue})
         # the prompt is counted once per request (as vLLM), however many choices share it
         return [Job(self, token_ids, choice_params, count_prompt=index == 0, tenant=tenant)
                 for index, choice_params in enumerate(params)]
