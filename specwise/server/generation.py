@@ -16,6 +16,7 @@ import uuid
 import jinja2
 
 from specwise.engine.async_engine import AsyncEngine
+from specwise.engine.fault_isolation import EngineDead
 from specwise.engine.llm_engine import Prompt
 from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.errors import SpecwiseError
@@ -37,6 +38,9 @@ class Serving:
 
     async def start(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None,
                     tools: list[dict] | None = None, tenant: str | None = None) -> "list[Job]":
+        if self.async_engine.dead is not None:
+            raise APIError(503, f"the engine is dead ({self.async_engine.dead}); the server is exiting",
+                           code="engine_dead")
         token_ids = self.encode(prompt, param, tools)
         max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
         params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_candidates)]
@@ -123,6 +127,9 @@ class Job:
         except SpecwiseError as error:
             self.refused = True
             raise APIError(400, str(error), code="invalid_value") from None
+        except EngineDead as error:
+            self.tracker.finish("error")
+            raise APIError(503, str(error), code="engine_dead") from None
         except RuntimeError as error:
             self.tracker.finish("error")
             raise APIError(500, str(error), code="engine_error") from None
