@@ -254,10 +254,10 @@ def test_a_step_that_never_returns_is_found_by_the_watchdog(async_engine, monkey
     async def main():
         stream = asyncio.ensure_future(collect(async_engine, "abc", long_request()))
         for _ in range(PATIENCE_S * 100):
-            if async_engine.step_started is not None:
+            if async_engine.busy_since is not None:
                 break
             await asyncio.sleep(0.01)
-        started = async_engine.step_started
+        started = async_engine.busy_since
         async_engine.check_progress(5.0, now=started + 4.9)
         assert async_engine.dead is None
         async_engine.check_progress(5.0, now=started + 5.1)

@@ -19,9 +19,10 @@ thread and stepped on this one made decode steps 1.5x slower on two cores (53-66
 
 Failures: a request the step fails (finish reason "error", fault_isolation.py) ends its stream with
 RuntimeError naming the reason; the others carry on. The engine is **dead** when its step raises
-(a fault it could not attribute: EngineDead), the step thread ends, or, with a watchdog, one step
-runs longer than `watchdog_s`: every stream in flight ends with EngineDead at once, new requests
-are refused with it, and the `on_dead` callbacks run (the server exits so a supervisor restarts it).
+(a fault it could not attribute: EngineDead), the step thread ends, or, with a watchdog, one turn
+of the step thread (its inbox, then a step) runs longer than `watchdog_s`: every stream in flight
+ends with EngineDead at once, new requests are refused with it, and the `on_dead` callbacks run
+(the server exits so that a supervisor restarts it).
 """
 
 import asyncio
@@ -53,7 +54,7 @@ class AsyncEngine:
         self.stopping = False
         self.dead: str | None = None           # why the engine cannot go on; None while it can
         self.on_dead: list[Callable[[str], None]] = []    # called once, from whichever thread found it dead
-        self.step_started: float | None = None            # time.monotonic() of the step running now
+        self.busy_since: float | None = None      # time.monotonic() at which the step thread's current turn began
         # ("add", id, token_ids, params, tenant) | ("abort", id) | ("call", fn, future)
         self.inbox: collections.deque[tuple] = collections.deque()
         self.inbox_lock = threading.Lock()     # held only to append, or to close the inbox at shutdown
@@ -114,7 +115,8 @@ class AsyncEngine:
         return len(self.queues)
 
     def start_watchdog(self, watchdog_s: float) -> None:
-        """Declare the engine dead when one step runs longer than watchdog_s (checked 4 times a period)."""
+        """Declare the engine dead when one turn of the step thread (the inbox, then a step) runs longer than
+        watchdog_s (checked 4 times a period)."""
         def watch():
             while self.dead is None and not self.stopping:
                 time.sleep(watchdog_s / 4)
@@ -122,9 +124,9 @@ class AsyncEngine:
         threading.Thread(target=watch, name="specwise-watchdog", daemon=True).start()
 
     def check_progress(self, watchdog_s: float, now: float | None = None) -> None:
-        """Dead if the step running now started more than watchdog_s ago, or the step thread has ended."""
+        """Dead if the step thread's current turn began more than watchdog_s ago, or the step thread has ended."""
         now = time.monotonic() if now is None else now
-        started = self.step_started
+        started = self.busy_since
         if started is not None and now - started > watchdog_s:
             self.die(f"one engine step has run for more than {watchdog_s:g} s (the watchdog's limit)")
         elif not self.thread.is_alive() and not self.stopping:
@@ -146,9 +148,11 @@ class AsyncEngine:
     def _loop(self) -> None:
         while not self.stopping and self.dead is None:
             with self.lock:
+                self.busy_since = time.monotonic()
                 self._take_inbox()
                 busy = self.engine.has_unfinished()
                 outputs = self._step() if busy else []
+                self.busy_since = None
             for output in outputs:
                 failed = output.finish_reason == "error"
                 self._deliver(output.request_id,
@@ -178,14 +182,11 @@ class AsyncEngine:
                 self._deliver(request_id, error)
 
     def _step(self) -> list[RequestOutput]:
-        self.step_started = time.monotonic()
         try:
             return self.engine.step()
         except Exception as error:          # no request to blame (fault_isolation.py): the engine is dead
             self.die(describe(error) if not isinstance(error, EngineDead) else str(error))
             return []
-        finally:
-            self.step_started = None
 
     def _deliver(self, request_id: str, item) -> None:
         entry = self.queues.get(request_id)
