@@ -203,3 +203,25 @@ def test_isolate_bisects_to_the_raising_rows_and_takes_named_faults_at_their_wor
     assert sorted(faults) == [1, 5] and str(faults[5]) == "row 5" and str(faults[1]) == "row 1"
     assert results == {row: row * 10 for row in (0, 2, 3, 4, 6)}
     assert attempts == [7, 3, 4, 2, 2, 2, 1, 1]      # [0..6], [0..2], [3..6], [0, 2], [3, 4], [5, 6], [5], [6]
+
+
+@pytest.mark.parametrize("speculative", ["suffix", "lookahead"])
+def test_a_stateful_drafter_raising_for_one_request_leaves_the_others_exact(speculative, monkeypatch):
+    """Drafters that keep state per request (suffix indexes, lookahead's window and draft trees) are
+    retried after the fault like any other work; the others' outputs still equal a clean run's."""
+    engine = LLM(checkpoint=tiny_checkpoint(), **{**TINY_ENGINE, "speculative": speculative}).engine
+    clean_outputs = run(engine, {f"r{i}": (prompt, params()) for i, prompt in enumerate(PROMPTS) if i != BAD})
+    assert sum(output.spec.drafts for output in clean_outputs.values()) > 0
+    calls, injected = [], []
+
+    def before_step():
+        if not injected and "bad" in engine.requests:
+            inject_proposer(engine, monkeypatch, calls)
+            injected.append(1)
+
+    outputs = run(engine, {("bad" if i == BAD else f"r{i}"): (prompt, params()) for i, prompt in enumerate(PROMPTS)},
+                  before_step)
+    assert outputs.pop("bad").finish_reason == "error" and calls
+    assert {key: o.output_token_ids for key, o in outputs.items()} == \
+        {key: o.output_token_ids for key, o in clean_outputs.items()}
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
