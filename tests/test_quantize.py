@@ -150,5 +150,5 @@ def test_the_start_up_words_name_the_path_each_capability_gives(monkeypatch):
     assert capabilities.linear_path(torch.bfloat16, "none", "cpu") == "bf16 plain matmul (no oneDNN bf16 here)"
     assert capabilities.linear_path(torch.bfloat16, "int8", "cpu") == "int8 dequantized per call, bf16 activations"
     assert capabilities.linear_path(torch.bfloat16, "none", "cpu", compiled=True) == "bf16 inductor-compiled"
-    assert capabilities.describe(torch.float32, "none", "cpu").startswith("fp32, linears: fp32 PyTorch matmul (CPU ")
+    assert capabilities.describe_kernels(torch.float32, "none", "cpu").startswith("fp32, linears: fp32 PyTorch matmul (CPU ")
     assert capabilities.compute_dtype("auto", "cpu") == torch.float32       # no oneDNN bf16: no native bf16 either

@@ -27,7 +27,7 @@ from specwise.engine.scheduler import ScheduledBatch, Scheduler
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
-from specwise.models.capabilities import compute_dtype, cpu_capabilities, describe, linear_path
+from specwise.models.capabilities import compute_dtype, cpu_capabilities, describe_kernels, linear_path
 from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
@@ -63,7 +63,7 @@ class LLMEngine:
         self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len, config.quantization,
                                  config.compile)
         # what runs, for start-up lines and run.json: "bf16, linears: bf16 oneDNN packed (CPU AVX512, x86_64)"
-        self.kernel_line = describe(self.dtype, config.quantization, config.device, config.compile) + \
+        self.kernel_line = describe_kernels(self.dtype, config.quantization, config.device, config.compile) + \
             (", compiled" if config.compile else ", eager")
         self.kernels = {"dtype": str(self.dtype).removeprefix("torch."), "compiled": config.compile,
                         "linears": linear_path(self.dtype, config.quantization, config.device, config.compile),

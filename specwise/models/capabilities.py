@@ -82,7 +82,7 @@ def linear_path(dtype: torch.dtype, quantization: str, device: str, compiled: bo
     return f"{_dtype_name(dtype)} PyTorch matmul"
 
 
-def describe(dtype: torch.dtype, quantization: str, device: str, compiled: bool = False) -> str:
+def describe_kernels(dtype: torch.dtype, quantization: str, device: str, compiled: bool = False) -> str:
     """The start-up line's words: dtype, linear path and the CPU's ISA."""
     where = device if device != "cpu" else f"CPU {cpu_capabilities().isa}, {platform.machine()}"
     return f"{_dtype_name(dtype)}, linears: {linear_path(dtype, quantization, device, compiled)} ({where})"
