@@ -21,7 +21,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
-RETRY_AFTER_S = 1       # a 429's Retry-After: requests finish within seconds, and a client retrying sooner only adds load
+RETRY_AFTER_S = 1       # a 429's Retry-After: requests finish within seconds; retrying sooner only adds load
 
 
 class APIError(Exception):
