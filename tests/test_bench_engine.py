@@ -80,25 +80,38 @@ def test_report_covers_both_arms(run):
 
 
 def test_next_arm_waits_for_requests_cut_off_in_the_last_one(tmp_path, monkeypatch):
-    """A slow engine (0.1 s steps): the cut-off request is still in the engine when the next arm starts."""
+    """An engine stuck on the long request (it never ends on its own): the --duration cut-off aborts it,
+    and the next arm's drafter switch waits until the engine has let it go.
+
+    Only the long request stalls, so the quick one, warmed up first, is measured at the engine's own
+    speed, well within --duration (at most 0.06 s measured with both cores loaded, against 1 s; cold,
+    the first request took up to 0.37 s, which with 0.1 s sleeps per step overran a 0.5 s --duration
+    and left the second arm without its cut-off); the long one is then sent and must be cut off, in
+    every arm, whatever the machine's speed.
+    """
     from specwise.engine.llm_engine import LLMEngine
     step = LLMEngine.step
 
-    def slow_step(engine):
-        time.sleep(0.1)
+    def stuck_on_the_long_request(engine):
+        long = [seq for request_id, seq in engine.requests.items()
+                if request_id.startswith("w:2-") and not seq.is_finished]
+        if long and not engine.aborted:
+            time.sleep(0.01)                # one step that produces nothing; the step thread polls again
+            return []
         return step(engine)
 
-    monkeypatch.setattr(LLMEngine, "step", slow_step)
+    monkeypatch.setattr(LLMEngine, "step", stuck_on_the_long_request)
     workload = tmp_path / "w.jsonl"
     workload.write_text(json.dumps({"prompt": "abc abc", "max_tokens": 2}) + "\n"
                         + json.dumps({"prompt": "abc abc abc", "max_tokens": 30, "category": "long"}) + "\n")
-    # concurrency 1: the quick request is the first wave (always measured), the long one the cut-off second
+    # concurrency 1: the quick request is the first wave (always measured), the long one the cut-off second;
+    # the warm-up request is the quick one
     config = EvaluateConfig(methods="off,ngram:1-3@3", workload=str(workload), concurrency="1", num_requests=2,
-                            duration=0.5, warmup=0, output=str(tmp_path / "out"), progress=False, order="file",
+                            duration=1.0, warmup=1, output=str(tmp_path / "out"), progress=False, order="file",
                             schedule="sequential")
     outcome = evaluate(config, EngineConfig(dtype="float32", max_model_len=256, num_kv_blocks=256, max_num_batched_tokens=256),
                        argv=[], checkpoint=tiny_checkpoint())
-    records = read_records(outcome.results_dir)
+    records = [r for r in read_records(outcome.results_dir) if not r.warmup]
     assert sorted(r.arm for r in records) == ["ngram-1-3-k3", "off"]
     assert all(r.request_id == "w:1" and r.error is None for r in records)
     cut = read_run_info(outcome.results_dir)["cut_off"]

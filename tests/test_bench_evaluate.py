@@ -129,12 +129,12 @@ def test_duration_bounds_a_point_and_cuts_off_stragglers(tmp_path):
     workload = tmp_path / "w.jsonl"
     workload.write_text(json.dumps({"prompt": "quick", "max_tokens": 2}) + "\n"
                         + json.dumps({"prompt": "slow", "max_tokens": 40}) + "\n")
-    with SSEServer(delay=0.05) as server:
+    with SSEServer(delay=0.05, hang_after=2) as server:
         outcome = evaluate(endpoint_config(tmp_path, f"off={server.url}", workload=str(workload), concurrency="1",
-                                           num_requests=2, duration=0.2, warmup=0, max_tokens=None, order="file"),
+                                           num_requests=2, duration=1.0, warmup=0, max_tokens=None, order="file"),
                            argv=[])
-    # the quick request is the first wave (always measured); the slow one, sent next, needs 2 s:
-    # at 2 x 0.2 s it is cancelled, not recorded, and counted
+    # the quick request (2 chunks, ~0.1 s) is the first wave (always measured); the slow one, sent next,
+    # hangs after 2 chunks: at 2 x 1 s it is cancelled, not recorded, and counted
     assert [r.request_id for r in read_records(outcome.results_dir)] == ["w:1"]
     assert read_run_info(outcome.results_dir)["cut_off"] == [
         {"requests": 1, "arm": "off", "load_kind": "concurrency", "load_value": 1}]

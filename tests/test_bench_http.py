@@ -2,8 +2,10 @@
 
 SSEServer is a small OpenAI-compatible server (stdlib, threaded, 127.0.0.1 only): it
 streams `max_tokens` words in chunks of `tokens_per_chunk`, ends with a usage chunk and
-`data: [DONE]`, can fail every n-th request with HTTP 500 or break a stream midway, and
-publishes vLLM-style speculative counters on /metrics when `tokens_per_chunk` > 1.
+`data: [DONE]`, can fail every n-th request with HTTP 500, break a stream midway or hang
+one (a stream longer than `hang_after` chunks stops there until the server closes: a
+request that outlives any bound, however fast or slow the machine), and publishes
+vLLM-style speculative counters on /metrics when `tokens_per_chunk` > 1.
 """
 
 import asyncio
@@ -28,8 +30,9 @@ class QuietServer(ThreadingHTTPServer):
 
 class SSEServer:
     def __init__(self, delay=0.002, tokens_per_chunk=1, fail_every=0, break_every=0, accept_per_draft=2,
-                 usage=True, extension=False):
+                 usage=True, extension=False, hang_after=None):
         self.delay, self.tokens_per_chunk, self.usage = delay, tokens_per_chunk, usage
+        self.hang_after, self.closing = hang_after, threading.Event()
         self.extension = extension          # per-request counters in the last chunk, as our server does
         self.fail_every, self.break_every, self.accept_per_draft = fail_every, break_every, accept_per_draft
         self.requests = 0
@@ -46,6 +49,7 @@ class SSEServer:
         return self
 
     def __exit__(self, *exc):
+        self.closing.set()                  # hung streams end (their clients are gone)
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -93,6 +97,10 @@ class SSEServer:
                 self.end_headers()
                 total, step = body["max_tokens"], server.tokens_per_chunk
                 for start in range(0, total, step):
+                    if server.hang_after is not None and start >= server.hang_after * step:
+                        server.closing.wait()
+                        self.close_connection = True
+                        return
                     if broken and start >= total // 2:
                         self.wfile.write(b"5\r\ndata:")      # half a chunk, then hang up
                         self.wfile.flush()
@@ -199,10 +207,12 @@ def test_unreachable_endpoint_is_an_error_not_a_crash():
 
 
 def test_slow_server_times_out():
-    with SSEServer(delay=0.2) as server:
-        record = run_one(HttpTarget("off", server.url), request(max_tokens=20), timeout=0.3)
-    assert record.error == "timed out after 0.3s"
-    assert 0 < len(record.chunk_times) < 20
+    """The stream hangs after its first chunk: the request times out with that chunk kept, however
+    long the (generous) timeout and however slow the machine."""
+    with SSEServer(hang_after=1) as server:
+        record = run_one(HttpTarget("off", server.url), request(max_tokens=20), timeout=2.0)
+    assert record.error == "timed out after 2s"
+    assert len(record.chunk_times) == 1
 
 
 def test_server_counters_are_differenced():

@@ -63,19 +63,51 @@ def test_closed_loop_keeps_exactly_c_in_flight():
     assert [rid for rid, _ in recorder.sent[:4]] == ["q0", "q1", "q2", "q0#1"]
 
 
+class FakeClock:
+    """Seconds that pass only when a test moves them: what is sent when does not depend on the machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
 def test_duration_stops_new_requests():
-    recorder = Recorder(hold=0.02)
-    asyncio.run(closed_loop(take(WORKLOAD, 1000), 2, recorder.send, duration=0.1))
-    assert 2 <= len(recorder.sent) <= 14          # about 0.1 s / 0.02 s x 2 workers, of 1000
+    clock, sent = FakeClock(), []
+
+    async def send(request):                      # two workers, each request 0.25 s: the clock moves
+        sent.append(clock())                      # 0.125 s per request sent
+        clock.now += 0.125
+        await asyncio.sleep(0)                    # the other worker's turn
+
+    asyncio.run(closed_loop(take(WORKLOAD, 1000), 2, send, duration=1.0, clock=clock))
+    assert sent == [0.125 * i for i in range(8)]  # sent until 1 s had passed, none after, of 1000
 
 
-def test_open_loop_sends_at_the_offsets_without_waiting_for_answers():
-    recorder = Recorder(hold=0.2)
-    started = time.perf_counter()
-    asyncio.run(open_loop(take(WORKLOAD, 3), [0.0, 0.05, 0.1], recorder.send))
-    sent = [at - started for _, at in recorder.sent]
-    assert sent[0] < 0.05 and sent[1] >= 0.045 and sent[2] >= 0.095
-    assert recorder.peak == 3                     # open loop: nobody waited for the 0.2 s answers
+def test_open_loop_sends_at_the_offsets_without_waiting_for_answers(monkeypatch):
+    clock, sent = FakeClock(), []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds):                     # open_loop's waits move the fake clock, after the
+        await real_sleep(0)                       # requests already sent have started
+        clock.now += seconds
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+
+    async def main():
+        all_sent = asyncio.Event()
+
+        async def send(request):                  # answers only once all three were sent
+            sent.append((request.request_id, clock()))
+            if len(sent) == 3:
+                all_sent.set()
+            await asyncio.wait_for(all_sent.wait(), 10)     # a loop that waited for answers fails here
+
+        await open_loop(take(WORKLOAD, 3), [0.0, 0.05, 0.1], send, clock=clock)
+
+    asyncio.run(main())
+    assert sent == [("q0", 0.0), ("q1", 0.05), ("q2", 0.1)]
 
 
 def test_open_loop_duration_bound():

@@ -1,12 +1,16 @@
 """The paired, interleaved run: request order, rounds, arm order, drift, --precision, mixed arms.
 
 FakeTarget sleeps per token; its speed can drift linearly with the number of requests
-the whole run has served (a machine slowing down), whichever arm serves them.
+the whole run has served (a machine slowing down), whichever arm serves them. Given a
+VirtualClock (installed as the clock `measure` reads), its tokens take virtual time
+instead, with an optional seeded jitter: the measured figures are then the same on any
+machine, however loaded.
 """
 
 import asyncio
 import io
 import json
+import random
 import time
 
 import pytest
@@ -14,6 +18,7 @@ import pytest
 from specwise.bench.config import EvaluateConfig
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.load.arms import ArmSpec
+from specwise.bench.load import measure as measure_module
 from specwise.bench.load.arrivals import LoadPoint
 from specwise.bench.load.order import seeded_order
 from specwise.bench.load.plan import Plan
@@ -32,11 +37,29 @@ WORKLOAD = [WorkloadRequest(f"{category}-{i}", category, prompt="p", max_tokens=
             for category in ("code", "chat", "math") for i in range(4)]
 
 
+class VirtualClock:
+    """Stands in for the `time` module in bench/load/measure.py: seconds pass when a target says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def virtual_clock(monkeypatch):
+    clock = VirtualClock()
+    monkeypatch.setattr(measure_module, "time", clock)
+    return clock
+
+
 class FakeTarget:
     def __init__(self, name: str, served: dict, per_token: float = 0.004, speedup: float = 1.0,
-                 drift: float = 0.0):
+                 drift: float = 0.0, clock: VirtualClock | None = None, jitter: float = 0.0):
         self.name, self.method = name, "off" if name == "off" else "ngram"
         self.served, self.per_token, self.speedup, self.drift = served, per_token, speedup, drift
+        self.clock, self.jitter, self.rng = clock, jitter, random.Random(name)
         self.activations = 0
 
     async def start(self):
@@ -55,9 +78,14 @@ class FakeTarget:
         self.served["count"] += 1
         self.served["order"].append((self.name, request.request_id))
         delay = self.per_token / self.speedup * (1 + self.drift * self.served["count"])
+        delay *= 1 + self.jitter * (self.rng.random() - 0.5)        # e.g. jitter 0.8: +-40%
         for _ in range(4):
-            await asyncio.sleep(delay)
-            yield TokenChunk(time.perf_counter(), "x", 1)
+            if self.clock is None:
+                await asyncio.sleep(delay)
+            else:
+                self.clock.now += delay
+                await asyncio.sleep(0)
+            yield TokenChunk(self.clock.now if self.clock else time.perf_counter(), "x", 1)
         yield Usage(1, 4)
 
 
@@ -123,37 +151,41 @@ def _tpot_speedup(records, info):
     return summarize(records, info).row("ngram-k4", "concurrency", 1).speedup["e2e_mean"]
 
 
-def test_interleaving_cancels_a_linear_drift(tmp_path):
-    """Both arms are equally fast; the machine slows down 3% per request served. Tokens take 10 ms
-    (not the default 4) so that sleep overshoot on a loaded machine stays small next to the drift."""
+def test_interleaving_cancels_a_linear_drift(tmp_path, virtual_clock):
+    """Both arms are equally fast; the machine slows down 3% per request served (in virtual time)."""
     sequential = []
     for schedule, folder in ((Schedule("sequential"), "seq"), (Schedule("interleaved", round_size=4), "int")):
         served = {"count": 0, "order": []}
-        targets = [FakeTarget(name, served, per_token=0.01, drift=0.03) for name in ("off", "ngram-k4")]
+        targets = [FakeTarget(name, served, per_token=0.01, drift=0.03, clock=virtual_clock)
+                   for name in ("off", "ngram-k4")]
         sequential.append(_tpot_speedup(*run(tmp_path / folder, targets, schedule, count=24)))
     drifted, interleaved = sequential
-    assert drifted < 0.8                    # sequential: the later arm looks ~1.5x slower
-    assert interleaved == pytest.approx(1.0, abs=0.08)
+    # sequential: off serves requests 1-24, ngram 25-48: 1.375 / 2.095 = 0.66, the later arm ~1.5x slower
+    assert drifted == pytest.approx((1 + 0.03 * 12.5) / (1 + 0.03 * 36.5))
+    assert interleaved == pytest.approx(1.0, abs=0.02)
 
 
-def test_precision_stops_adding_rounds_once_the_intervals_are_narrow(tmp_path):
+def test_precision_stops_adding_rounds_once_the_intervals_are_narrow(tmp_path, virtual_clock):
     served = {"count": 0, "order": []}
-    targets = [FakeTarget("off", served, per_token=0.002), FakeTarget("ngram-k4", served, per_token=0.002,
-                                                                        speedup=1.5)]
+    targets = [FakeTarget("off", served, per_token=0.002, clock=virtual_clock, jitter=0.8),
+               FakeTarget("ngram-k4", served, per_token=0.002, speedup=1.5, clock=virtual_clock, jitter=0.8)]
     check = PrecisionCheck("off", ["e2e_mean", "output_throughput"], 0.10, 0.95, 0)
     records, _ = run(tmp_path, targets, Schedule("interleaved", round_size=4), count=400, precision=check)
     per_arm = len([r for r in records if r.arm == "off"])
-    assert 8 <= per_arm < 400                           # stopped long before the cap
+    assert 8 < per_arm < 400            # rounds added past the first intervals (8), stopped long before the cap
     assert per_arm % 4 == 0                             # whole rounds
 
 
 def test_duration_caps_precision(tmp_path):
+    """In real time (the runner's --duration is wall-clock): requests of >= 40 ms, 1 s per arm. The first
+    round (2 requests) has the whole second, a generous bound; past it no round starts, so at most
+    1 s / 40 ms + 1 = 26 requests, where the precision goal alone would never stop."""
     served = {"count": 0, "order": []}
-    targets = [FakeTarget("off", served, per_token=0.005), FakeTarget("ngram-k4", served, per_token=0.005)]
+    targets = [FakeTarget("off", served, per_token=0.01), FakeTarget("ngram-k4", served, per_token=0.01)]
     never = PrecisionCheck("off", ["e2e_mean"], 1e-9, 0.95, 0)
     records, _ = run(tmp_path, targets, Schedule("interleaved", round_size=2), count=None, precision=never,
-                     duration=0.3)
-    assert 2 <= len([r for r in records if r.arm == "off"]) < 40
+                     duration=1.0)
+    assert 2 <= len([r for r in records if r.arm == "off"]) <= 26
 
 
 def test_precision_needs_a_cap_and_quick_asks_for_it():
