@@ -23,6 +23,7 @@ from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.errors import ConfigError
+from specwise.sim.flat import FlatResult, FlatSimulator
 from specwise.sim.records import write_results
 from specwise.sim.simulator import SimServerConfig, Simulator
 from specwise.sim.workload import prompt_tokens
@@ -86,7 +87,7 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
 
 
 def _simulator(arm, cost, deployment: Deployment, server: SimServerConfig, seed: int,
-               mean_length: float) -> Simulator:
+               mean_length: float) -> Simulator | FlatSimulator:
     """A drafter model's weights and KV share the memory: the draft arm holds fewer tokens."""
     budget = arm.draft.kv_budget
     fraction = 1.0 if budget is None else min(1.0, budget / mean_length)
@@ -95,7 +96,10 @@ def _simulator(arm, cost, deployment: Deployment, server: SimServerConfig, seed:
         raise ConfigError(f"arm {arm.name}: the weights need {plan.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU, "
                           f"{plan.usable_bytes_per_gpu / 2**30:.1f} GiB are usable; raise --tp or use a smaller "
                           f"--weight-dtype")
-    return Simulator(cost, server, server.kv_cache_tokens or plan.kv_capacity_tokens, seed=seed)
+    capacity = server.kv_cache_tokens or plan.kv_capacity_tokens
+    if server.scheduler == "flat":
+        return FlatSimulator(cost, server, capacity, seed=seed)
+    return Simulator(cost, server, capacity, seed=seed)
 
 
 def apply_lengths(plan: Plan, config: SimulateConfig) -> None:
@@ -125,6 +129,11 @@ def _cut_off(results) -> list[dict]:
     """run.json "cut_off" as evaluate writes it: requests still running at the time limit."""
     entries = []
     for result in results:
+        if isinstance(result, FlatResult):
+            if result.cut_off:
+                entries.append({"requests": result.cut_off, "arm": result.arm, "load_kind": result.load.kind,
+                                "load_value": result.load.value})
+            continue
         state = result.state
         cut = int(np.sum(~np.isnan(state.send) & ~state.recorded()))
         if cut:
@@ -134,15 +143,23 @@ def _cut_off(results) -> list[dict]:
 
 
 def _simulation_info(results, server: SimServerConfig, elapsed: float, config: SimulateConfig) -> dict:
-    notes = ["every request generates exactly its max_tokens (EOS is not modelled)",
-             "server modelled as vLLM V0: prefill steps of whole prompts, then decode steps"]
+    notes = ["every request generates exactly its max_tokens (a measured or trace length; EOS is not drawn)"]
+    if server.scheduler == "flat":
+        notes.append("server modelled as today's engines (ours, vLLM V1): each step runs the decodes with their "
+                     "drafts, then prompt chunks within max_num_batched_tokens, scheduled by specwise's own "
+                     "engine scheduler")
+        runs = [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value, "kv_blocks": r.kv_blocks,
+                 "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions, "steps": r.steps}
+                for r in results]
+    else:
+        notes.append("server modelled as vLLM V0: prefill steps of whole prompts, then decode steps")
+        runs = [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value,
+                 "kv_blocks": r.kv_blocks, "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions,
+                 "decode_steps": r.decode_steps, "prefill_steps": r.prefill_steps,
+                 "mean_requests_in_system": r.occupancy / r.duration if r.duration else 0.0}
+                for r in results]
     return {"server": dataclasses.asdict(server), "seed": config.seed, "wall_seconds": round(elapsed, 3),
-            "notes": notes,
-            "runs": [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value,
-                      "kv_blocks": r.kv_blocks, "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions,
-                      "decode_steps": r.decode_steps, "prefill_steps": r.prefill_steps,
-                      "mean_requests_in_system": r.occupancy / r.duration if r.duration else 0.0}
-                     for r in results]}
+            "notes": notes, "runs": runs}
 
 
 def print_summary(records, run_info: dict, out_dir: Path, elapsed: float) -> None:
