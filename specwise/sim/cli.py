@@ -17,7 +17,7 @@ import numpy as np
 
 from specwise.bench.load.config import LoadConfig, check_positive, help_field
 from specwise.bench.load.plan import Plan, build_plan
-from specwise.bench.results import read_records
+from specwise.bench.results import read_records, read_run_info
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
@@ -26,6 +26,7 @@ from specwise.errors import ConfigError
 from specwise.sim.flat import FlatResult, FlatSimulator
 from specwise.sim.records import write_results
 from specwise.sim.simulator import SimServerConfig, Simulator
+from specwise.sim.validate import report, validate, write_predicted
 from specwise.sim.workload import prompt_tokens
 
 
@@ -40,6 +41,10 @@ class SimulateConfig(LoadConfig):
         "(default: estimated from the text, 4 characters a token)")
     output_tokens: int | None = help_field("give every request exactly this output length, tokens")
     output: str | None = help_field("results directory (default: specwise-results/sim-<timestamp>)")
+    validate: str | None = help_field(
+        "an evaluate results directory: replay its requests, load points and arms on paper (the engine's limits "
+        "from its run.json, step costs from --profile) and print measured against predicted, with the errors; "
+        "--output then keeps the predicted run")
 
     default_concurrency: ClassVar[str] = "1,4,16,64"
 
@@ -63,6 +68,8 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     server = dataclass_from_args(SimServerConfig, args)
     config = dataclass_from_args(SimulateConfig, args)
     cost = target_cost(args, deployment)
+    if config.validate:
+        return run_validate(config, cost, deployment, server)
     arms = [OFF] + [parse_arm(text, cost, deployment) for text in config.arm if text.strip() != "off"]
     if len({arm.name for arm in arms}) != len(arms):
         raise ConfigError("two arms share a name; add name=... to one of them")
@@ -83,6 +90,16 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
                 "cut_off": _cut_off(results)}
     records = write_results(out_dir, results, run_info)
     print_summary(records, run_info, out_dir, elapsed)
+    return 0
+
+
+def run_validate(config: SimulateConfig, cost, deployment: Deployment, server: SimServerConfig) -> int:
+    validation = validate(config.validate, cost, deployment, server, seed=config.seed)
+    print(f"{config.validate} replayed on paper ({cost.description}); error = predicted / measured - 1")
+    print(report(validation))
+    if config.output:
+        write_predicted(config.output, validation, read_run_info(config.validate))
+        print(f"predicted run in {config.output} (render: specwise report {config.output})")
     return 0
 
 
