@@ -100,3 +100,16 @@ def test_a_mixed_step_pays_the_fixed_cost_once():
     # steps ending 30 and 40 ms (16 - 1 for a's decode), its first token at 40, its second at 50
     assert a.chunk_times == pytest.approx([0.01, 0.02, 0.03, 0.04])
     assert b.chunk_times == pytest.approx([0.025, 0.035])
+
+
+def test_a_linear_model_costs_the_flat_step_as_it_is():
+    """fixed 10 ms + 1 ms a row + 0.1 ms a KV token read: the prefill of 8 rows costs 18 ms; the
+    decode steps verify 1 + 1 rows (max_tokens leaves room for 1 draft) over 8 cached tokens:
+    10 + 2 + 0.8 = 12.8 ms. a accepts everything: 3 tokens, done at 30.8 ms."""
+    from specwise.engine.step_fit import LinearStepCost
+    request = WorkloadRequest(request_id="a", category="chat", max_tokens=3, prompt_tokens=8)
+    arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
+    result = FlatSimulator(LinearStepCost(0.010, 0.001, 0.0001), SimServerConfig(), 1000).run(
+        [request], arm, LoadPoint("concurrency", 1), own={"a": Draws(np.ones(4), 1.0)})
+    assert result.records[0].chunk_times == pytest.approx([0.018, 0.0308])
+    assert result.records[0].chunk_tokens == [1, 2]

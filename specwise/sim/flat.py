@@ -17,7 +17,8 @@ sequences that drafted times the difference to a full verification of 1 + k rows
 1 + its rows), plus the drafter's time. Prompt part: the prefill time of the chunks. A step
 with both is one forward, so the fixed cost (a plain batch-1 step over no context) is paid once:
     time = max(decode, prompt, decode + prompt - fixed) (+ the arm's per-step overhead)
-Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms.
+Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
+(engine/step_fit.py) costs the step as it is: its rows and the KV tokens they read.
 """
 
 import math
@@ -35,6 +36,7 @@ from specwise.engine.block_manager import BlockManager
 from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
 from specwise.engine.step_cost import StepCostModel
+from specwise.engine.step_fit import LinearStepCost
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 from specwise.sim.request_acceptance import Draws, assign
@@ -224,6 +226,8 @@ class _Run:
     def _seconds(self, batch: ScheduledBatch, rows: list[int], k: int) -> float:
         decode = [i for i in range(len(batch.seqs)) if batch.num_new_tokens[i] == 1 and batch.samples(i)]
         chunks = [batch.num_new_tokens[i] for i in sorted(set(range(len(batch.seqs))) - set(decode))]
+        if isinstance(self.cost, LinearStepCost):
+            return self._linear_seconds(batch, rows, k, decode)
         seconds = 0.0
         if decode:
             n = len(decode)
@@ -242,6 +246,18 @@ class _Run:
         if chunks:
             prompt = self.cost.prefill_time(chunks) + self.arm.draft.prefill_time(chunks)
             seconds = prompt if not decode else max(seconds, prompt, seconds + prompt - self.fixed)
+        return seconds
+
+    def _linear_seconds(self, batch: ScheduledBatch, rows: list[int], k: int, decode: list[int]) -> float:
+        """A linear model costs the flat step as it is: every row it computes, every KV token it reads."""
+        tokens = sum(batch.num_new_tokens) + sum(rows)
+        kv = sum(seq.num_computed_tokens for seq in batch.seqs)
+        seconds = float(self.cost.seconds(tokens, kv))
+        if any(rows[i] for i in decode):
+            seconds += self.arm.overhead_s
+            if not self.tree_rows:
+                total = np.array([float(sum(batch.seqs[i].num_computed_tokens for i in decode))])
+                seconds += float(self.arm.draft.draft_times(len(decode), k, total, total)[0])
         return seconds
 
     def _advance(self, seq: Sequence, batch: ScheduledBatch, index: int, emitted: int) -> None:
