@@ -83,9 +83,22 @@ def test_measured_requests_keep_their_spread(tmp_path):
 
 
 def test_from_counts():
-    draws = from_counts(drafts=2, per_position=[2, 1, 0, 0], output_tokens=6, accepted=3, k=4)
-    assert draws.rates.tolist() == [1.0, 0.5, 0.0, 0.0] and draws.fraction == 1.0
+    draws = from_counts(drafts=2, per_position=[2, 1, 0, 0], output_tokens=6, accepted=3, k=4, draft_tokens=6)
+    assert draws.rates.tolist() == [1.0, 0.5, 0.0, 0.0] and draws.fraction == 1.0 and draws.length == 0.75
     assert from_counts(0, [], output_tokens=5, accepted=0, k=4).fraction == 0.0
+
+
+def test_short_drafts_keep_the_measured_acceptance_rate():
+    """n-gram drafts half of k long on average, accepting 1 of them: the simulated rate is about
+    1 / 2, not 1 / 4 (and never more drafts accepted than drafted)."""
+    requests = [WorkloadRequest(request_id=f"r{i}", category="chat", max_tokens=200, prompt_tokens=8)
+                for i in range(4)]
+    arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
+    own = {r.request_id: Draws(np.array([1.0, 0, 0, 0]), 1.0, length=0.5) for r in requests}
+    result = FlatSimulator(constant_cost(), SimServerConfig(), 100_000).run(requests, arm,
+                                                                            LoadPoint("concurrency", 4), own=own)
+    drafted = sum(r.draft_tokens for r in result.records)
+    assert sum(r.accepted_tokens for r in result.records) / drafted == pytest.approx(0.5, abs=0.02)
 
 
 def test_a_mixed_step_pays_the_fixed_cost_once():

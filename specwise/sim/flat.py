@@ -12,8 +12,8 @@ What the model adds: how long each step takes (the step-cost model, below), how 
 verification accepts (drawn per request: sim/request_acceptance.py) and how long each output
 is (the workload's max_tokens: measured lengths or a trace's, reached like EOS would be).
 
-A step's time. Decode part, n sequences over C cached tokens: a plain step, plus the share of
-sequences that drafted times the difference to a full verification of 1 + k rows (lookahead:
+A step's time. Decode part, n sequences over C cached tokens: a plain step, plus the draft rows
+fed as a share of n x k times the difference to a full verification of 1 + k rows (lookahead:
 1 + its rows), plus the drafter's time. Prompt part: the prefill time of the chunks. A step
 with both is one forward, so the fixed cost (a plain batch-1 step over no context) is paid once:
     time = max(decode, prompt, decode + prompt - fixed) (+ the arm's per-step overhead)
@@ -210,17 +210,21 @@ class _Run:
             r = self.by_seq[seq.seq_id]
             accepted, drafted = 0, 0
             if room:
-                u, v = self.rng.random(2)
+                u, v, w = self.rng.random(3)
                 depth = min(k, room) if not self.tree_rows else k
                 if v < r.draws.fraction:
                     accepted = int(np.sum(u < r.draws.rates[:depth]))
-                    drafted = depth
-                    r.drafts, r.draft_tokens, r.accepted = r.drafts + 1, r.draft_tokens + depth, r.accepted + accepted
+                    # a draft of the request's mean length: floor or ceiling of length x depth, never
+                    # shorter than what it accepts
+                    mean = r.draws.length * depth
+                    drafted = max(accepted, int(mean) + (w < mean - int(mean)))
+                if drafted:
+                    r.drafts, r.draft_tokens, r.accepted = r.drafts + 1, r.draft_tokens + drafted, r.accepted + accepted
                     for position in range(accepted):
                         r.per_position[position] += 1
             left = seq.sampling_params.max_tokens - seq.num_output_tokens
             emitted.append(min(1 + accepted, left))
-            rows.append(room if self.tree_rows else drafted)
+            rows.append(room if self.tree_rows else drafted)      # a tree feeds all its rows
         return emitted, rows
 
     def _seconds(self, batch: ScheduledBatch, rows: list[int], k: int) -> float:
@@ -238,7 +242,8 @@ class _Run:
             if drafting:
                 width = self.tree_rows or k
                 full = float(self.cost.step_times(n, 1 + width, total)[0])
-                seconds += len(drafting) / n * (full - plain) + self.arm.overhead_s
+                # the verification rows fed, as a share of a full step's n x width
+                seconds += sum(rows[i] for i in drafting) / (n * width) * (full - plain) + self.arm.overhead_s
                 if not self.tree_rows:
                     capped = total if self.arm.draft.kv_budget is None else np.array([float(sum(
                         min(batch.seqs[i].num_computed_tokens, self.arm.draft.kv_budget) for i in decode))])

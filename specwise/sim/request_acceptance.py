@@ -4,7 +4,8 @@ Each simulated request gets its own per-position acceptance p_1 >= ... >= p_k an
 share of decode steps that carry drafts. A verification step of that request draws one
 uniform u and accepts the drafts at positions i with u < p_i (so position i is accepted
 only if every earlier one was, with probability p_i overall), and one more uniform against
-the drafting share (n-gram lookup finds no match at some steps and verifies 1 token).
+the drafting share (n-gram lookup finds no match at some steps and verifies 1 token). A drafting step's length is the request's measured mean share of k (n-gram
+matches often run short of k), never fewer than the drafts it accepts.
 
 Where the values come from, best first:
   - `own`: the measured record of the same request in the same arm (`simulate --validate`
@@ -27,15 +28,17 @@ from specwise.calc.arms import SpecArm
 class Draws:
     rates: np.ndarray          # [k] probability that draft position i + 1 is accepted
     fraction: float            # share of the request's decode steps that carry drafts, in [0, 1]
+    length: float = 1.0        # mean drafted tokens per draft / k: n-gram matches run short of k
 
 
-def from_counts(drafts: int, per_position, output_tokens: int, accepted: int, k: int) -> Draws | None:
+def from_counts(drafts: int, per_position, output_tokens: int, accepted: int, k: int,
+                draft_tokens: int | None = None) -> Draws | None:
     """A request's measured counters -> its Draws (None where it never drafted and decoded nothing).
 
     decode steps = output tokens - 1 (the first comes from the prefill) - accepted drafts;
     fraction = drafts / decode steps. Worked example: 6 output tokens, 2 drafts of 4 with
     accepted_per_position [2, 1, 0, 0]: 3 accepted, decode steps 6 - 1 - 3 = 2, fraction 1,
-    p = [1.0, 0.5, 0, 0]."""
+    p = [1.0, 0.5, 0, 0]; 6 draft tokens: length 6 / 2 / 4 = 0.75 of k."""
     steps = output_tokens - 1 - accepted
     if drafts <= 0:
         return Draws(np.zeros(k), 0.0) if steps > 0 else None
@@ -43,14 +46,15 @@ def from_counts(drafts: int, per_position, output_tokens: int, accepted: int, k:
     given = np.asarray(per_position or [], dtype=float)[:k]
     counts[:len(given)] = given
     rates = np.minimum.accumulate(np.minimum(counts / drafts, 1.0))
-    return Draws(rates, min(1.0, drafts / steps) if steps > 0 else 1.0)
+    length = min(1.0, draft_tokens / drafts / k) if draft_tokens and k else 1.0
+    return Draws(rates, min(1.0, drafts / steps) if steps > 0 else 1.0, length)
 
 
 def from_record(record: RequestRecord, k: int) -> Draws | None:
     if record.drafts is None or record.error:
         return None
     return from_counts(record.drafts, record.accepted_per_position, record.output_tokens,
-                       record.accepted_tokens or 0, k)
+                       record.accepted_tokens or 0, k, record.draft_tokens)
 
 
 def assign(requests, arm: SpecArm, k: int, seed: int, own: dict[str, Draws] | None = None) -> list[Draws]:
