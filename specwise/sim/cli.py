@@ -40,6 +40,9 @@ class SimulateConfig(LoadConfig):
         "an evaluate results directory: take each request's prompt length as counted there "
         "(default: estimated from the text, 4 characters a token)")
     output_tokens: int | None = help_field("give every request exactly this output length, tokens")
+    output_tokens_from: str | None = help_field(
+        "an evaluate results directory: give each request the output length it had there (where it stopped, "
+        "EOS included; the baseline arm's, else any arm's), capped at its max_tokens")
     output: str | None = help_field("results directory (default: specwise-results/sim-<timestamp>)")
     validate: str | None = help_field(
         "an evaluate results directory: replay its requests, load points and arms on paper (the engine's limits "
@@ -122,9 +125,12 @@ def _simulator(arm, cost, deployment: Deployment, server: SimServerConfig, seed:
 def apply_lengths(plan: Plan, config: SimulateConfig) -> None:
     """The length overrides, applied to the workload evaluate would send (after its --max-tokens cap)."""
     counted = _counted_prompt_tokens(config.prompt_tokens_from) if config.prompt_tokens_from else {}
+    lengths = _measured_output_tokens(config.output_tokens_from) if config.output_tokens_from else {}
     for request in plan.workload:
         if request.prompt_tokens is None:
             request.prompt_tokens = counted.get(request.request_id)
+        if request.request_id in lengths:
+            request.max_tokens = min(request.max_tokens, lengths[request.request_id])
         if config.prompt_tokens is not None:
             request.prompt_tokens = config.prompt_tokens
         if config.output_tokens is not None:
@@ -140,6 +146,18 @@ def _counted_prompt_tokens(results_dir: str) -> dict[str, int]:
     if not counted:
         raise ConfigError(f"--prompt-tokens-from {results_dir}: no request there has a prompt token count")
     return counted
+
+
+def _measured_output_tokens(results_dir: str) -> dict[str, int]:
+    """request id -> output tokens measured there: the baseline arm's where it has the request."""
+    records = [r for r in read_records(results_dir) if not r.error and r.output_tokens > 0 and not r.warmup]
+    if not records:
+        raise ConfigError(f"--output-tokens-from {results_dir}: no completed request there")
+    baseline = read_run_info(results_dir).get("baseline", "off") if Path(results_dir, "run.json").exists() else "off"
+    lengths: dict[str, int] = {}
+    for record in sorted(records, key=lambda r: r.arm == baseline):        # the baseline's last: it wins
+        lengths[record.request_id.partition("#")[0]] = record.output_tokens
+    return lengths
 
 
 def _cut_off(results) -> list[dict]:

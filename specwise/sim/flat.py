@@ -217,7 +217,7 @@ class _Run:
                     # a draft of the request's mean length: floor or ceiling of length x depth, never
                     # shorter than what it accepts
                     mean = r.draws.length * depth
-                    drafted = max(accepted, int(mean) + (w < mean - int(mean)))
+                    drafted = max(accepted, int(mean) + int(w < mean - int(mean)))
                 if drafted:
                     r.drafts, r.draft_tokens, r.accepted = r.drafts + 1, r.draft_tokens + drafted, r.accepted + accepted
                     for position in range(accepted):
