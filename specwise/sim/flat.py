@@ -181,8 +181,9 @@ class _Run:
         k = self.arm.k_for(max(1, len(self.scheduler.running))) if self.max_k else 0
         batch, preempted = schedule_step(self.scheduler, k, self.tree_rows, self.sim.max_model_len)
         self.preemptions += len(preempted)
-        if batch is None:               # nothing fits beside nothing: the head request can never run
-            self._drop(self.scheduler.waiting[0])
+        if batch is None:               # nothing can run: the head request never fits beside the rest
+            waiting, running = self.scheduler.waiting, self.scheduler.running
+            self._drop(waiting[0] if waiting else running[-1])
             return
         self.peak = max(self.peak, self.scheduler.block_manager.num_used_blocks)
         emitted, rows = self._draw(batch, k)
