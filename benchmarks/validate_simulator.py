@@ -1,12 +1,17 @@
 """Simulated against measured: TPOT and output throughput per arm and load point.
 
+For the flat model, `specwise simulate --validate MEASURED --profile profile.json` replays a
+measured run request for request and prints the errors itself. This script compares any two
+results directories with the same arms and loads; the commands below are how the V0 model
+(`--scheduler v0`) was checked before the flat model existed.
+
     specwise evaluate --methods off,ngram --concurrency 1,2,4,8,16,32,64 --per-category 2 \
         --max-tokens 32 --duration 20 --output measured
     specwise calibrate --output profile.json
     specwise simulate --model smollm2-135m --profile profile.json --workload suite --per-category 2 \
         --max-tokens 32 --duration 20 --concurrency 1,2,4,8,16,32,64 \
         --arm ngram:k=4,from=measured,arm=ngram-k4,name=ngram-k4 \
-        --max-num-seqs 64 --max-num-batched-tokens 4096 --kv-cache-tokens 23296 --output simulated
+        --max-num-seqs 64 --max-num-batched-tokens 4096 --kv-cache-tokens 23296 --scheduler v0 --output simulated
     python benchmarks/validate_simulator.py measured simulated
 
 The simulation gets the evaluation's flags (workload, lengths, duration, the engine's batch

@@ -6,10 +6,12 @@ import platform
 import sys
 import time
 
+import numpy as np
 from rich.progress import Progress
 
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
+from specwise.engine.step_fit import StepSample, fit, grid_samples
 from specwise.engine.step_profile import ProfileCost
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
@@ -113,8 +115,19 @@ def run_calibrate(args) -> int:
                                   f"{torch.get_num_threads()} threads".strip(),
                           model=f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
                                 f"{str(engine.dtype).removeprefix('torch.')}")
+    data = profile.to_json()
+    samples = grid_samples(*axes, seconds) + [StepSample(total, 0, time)
+                                              for total, time in zip(totals, prefill_seconds)]
+    try:
+        linear = fit(samples)
+        print(f"fitted {linear.summary()}")
+        data["linear"] = linear.cost.to_json() | {
+            "median_residual": float(np.median(np.abs(linear.relative_residuals))),
+            "worst_residual": float(np.abs(linear.relative_residuals).max())}
+    except ConfigError as error:
+        print(f"no linear fit: {error}")
     with open(args.output, "w", encoding="utf-8") as stream:
-        json.dump(profile.to_json(), stream, indent=1)
+        json.dump(data, stream, indent=1)
     print(f"wrote {args.output}: batch 1 decode {seconds[0][0][0] * 1000:.1f} ms/step")
     return 0
 

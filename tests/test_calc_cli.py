@@ -120,3 +120,20 @@ def test_simulate_takes_prompt_lengths_and_duration_like_a_measured_run(tmp_path
     # nothing is sent after 10 ms: the first wave of two, with the lengths the measured run counted
     assert sorted((r.request_id, r.prompt_tokens) for r in records) == [("chat-01", 47), ("chat-02", 61)]
     assert read_run_info(out_dir)["workload"]["prompt_tokens_estimated"] == 1      # chat-03 was not measured
+
+
+def test_simulate_takes_output_lengths_from_a_measured_run(tmp_path):
+    """Where each request stopped (EOS) in the measured run, the baseline arm's where both have it."""
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    rows = [RequestRecord(arm=arm, method=arm, load_kind="concurrency", load_value=1, category="chat",
+                          request_id=request_id, prompt_tokens=40, output_tokens=tokens, send_time=0.0)
+            for arm, request_id, tokens in (("off", "chat-01", 5), ("ngram", "chat-01", 6), ("ngram", "chat-02", 9))]
+    (measured / "requests.jsonl").write_text("".join(row.to_json() + "\n" for row in rows))
+    (measured / "run.json").write_text(json.dumps({"baseline": "off"}))
+    out_dir = tmp_path / "sim"
+    assert run(["simulate", "--model", "smollm2-135m", "--gpu", "l4", "--workload", "suite:chat", "--per-category", "3",
+                "--concurrency", "1", "--output-tokens-from", str(measured), "--order", "file", "--max-tokens", "64",
+                "--output", str(out_dir)]) == 0
+    lengths = {r.request_id.partition("#")[0]: r.output_tokens for r in read_records(out_dir) if r.arm == "off"}
+    assert lengths == {"chat-01": 5, "chat-02": 9, "chat-03": 64}

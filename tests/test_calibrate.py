@@ -31,7 +31,11 @@ def test_calibrate_writes_a_profile_with_its_grid_and_prefill_axis(tmp_path, mod
     assert data["prefill_pads_to_longest"] is False          # flat steps: no padding to the longest prompt
     profile = ProfileCost.load(path)
     assert profile.prefill_time([64, 64]) == pytest.approx(data["prefill_seconds"][-1])
-    assert "wrote" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "wrote" in out
+    # the linear fit of the same steps (engine/step_fit.py), with its residuals printed
+    assert {"fixed_s", "per_token_s", "per_kv_token_s", "median_residual", "worst_residual"} <= set(data["linear"])
+    assert "fitted linear:" in out and "residuals over 12 steps" in out
 
 
 def test_calibrate_rejects_a_grid_past_the_context_window(tmp_path, model_dir, capsys):

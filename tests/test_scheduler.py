@@ -25,12 +25,11 @@ def emit(scheduler: Scheduler, batch, tokens_per_seq: int = 1) -> None:
     tokens, marks all but the last computed and gives back unused lookahead; a prompt chunk short
     of the end just counts as computed."""
     for index, seq in enumerate(batch.seqs):
-        if not batch.samples(index):
-            seq.num_computed_tokens += batch.num_new_tokens[index]
-            continue
-        seq.token_ids += [7] * tokens_per_seq
-        seq.num_computed_tokens = len(seq) - 1
-        scheduler.block_manager.trim(seq, len(seq))
+        emitted = tokens_per_seq if batch.samples(index) else 0
+        scheduler.step_done(seq, batch.num_new_tokens[index], emitted)
+        if emitted:
+            seq.token_ids += [7] * emitted
+            scheduler.return_lookahead(seq)
 
 
 def test_prefill_admits_waiting_sequences_in_arrival_order():

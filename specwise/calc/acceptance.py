@@ -115,6 +115,15 @@ def measured_acceptance(results_dir, arm: str) -> dict[str, Acceptance]:
     return {key: _acceptance(*values) for key, values in totals.items()}
 
 
+def measured_requests(results_dir, arm: str) -> dict[str, list]:
+    """category -> the arm's measured requests that carry acceptance counters (their spread)."""
+    by_category: dict[str, list] = {}
+    for record in _arm_records(Path(results_dir), arm):
+        if record.drafts is not None:
+            by_category.setdefault(record.category, []).append(record)
+    return by_category
+
+
 def _acceptance(drafts: float, accepted: np.ndarray, steps: float) -> Acceptance:
     # summed over requests with different k the ratios can wiggle; keep them non-increasing
     rates = np.minimum.accumulate(np.minimum(accepted / drafts, 1.0))

@@ -25,7 +25,7 @@ arm name lookahead-wWnNgG-kK.
 import dataclasses
 from dataclasses import dataclass, field
 
-from specwise.calc.acceptance import Acceptance, alpha_from_acceptance_rate, measured_acceptance
+from specwise.calc.acceptance import Acceptance, alpha_from_acceptance_rate, measured_acceptance, measured_requests
 from specwise.calc.catalog import get_model
 from specwise.calc.deployment import Deployment
 from specwise.calc.drafter import DraftCost, ExtraRowsCost, ModelDraftCost, NoDraftCost, RelativeDraftCost
@@ -51,6 +51,9 @@ class SpecArm:
     draft: DraftCost = field(default_factory=NoDraftCost)
     overhead_s: float = 0.0
     drafter: Deployment | None = None             # a draft model sharing the GPUs (for memory)
+    # category -> measured requests (from=RESULTS_DIR): the flat simulator draws each request's acceptance
+    # from one of them, keeping the request-to-request spread
+    measured_requests: dict[str, list] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.policy is not None and self.policy.max_k > 0 and "*" not in self.acceptance:
@@ -131,8 +134,10 @@ def build_arm(method: str, keys: dict[str, str], target: StepCostModel, deployme
     else:
         draft, drafter = _draft_cost(text, method, keys, target, deployment)
         name = keys.get("name") or (f"{method}-k{policy.steps[0][1]}" if policy.is_fixed else f"{method}-adaptive")
+    spread = measured_requests(keys["from"], _measured_arm(method, keys, policy)) if "from" in keys else {}
     return SpecArm(name=name, method=method, policy=policy, acceptance=acceptance, draft=draft,
-                   overhead_s=_number(text, keys, "overhead_ms", 0.0) / 1e3, drafter=drafter)
+                   overhead_s=_number(text, keys, "overhead_ms", 0.0) / 1e3, drafter=drafter,
+                   measured_requests=spread)
 
 
 def _lookahead(text: str, method: str, keys: dict) -> SpeculativeConfig | None:
@@ -198,12 +203,18 @@ def _acceptance(text: str, method: str, keys: dict, policy: KTable | None) -> di
             raise ConfigError(f"arm {text!r}: rate needs a fixed k (the rate was measured at that k)")
         k = policy.steps[0][1]
         return {"*": Acceptance(alpha=alpha_from_acceptance_rate(_number(text, keys, "rate"), k))}
-    arm = keys.get("arm") or keys.get("name")
-    if not arm and policy is not None and policy.is_fixed:
-        arm = f"{method}-k{policy.steps[0][1]}"
+    arm = _measured_arm(method, keys, policy)
     if not arm:
         raise ConfigError(f"arm {text!r}: from= needs arm= (the arm's name in that results directory)")
     return measured_acceptance(keys["from"], arm)
+
+
+def _measured_arm(method: str, keys: dict, policy: KTable | None) -> str | None:
+    """The arm's name in the from= results directory."""
+    arm = keys.get("arm") or keys.get("name")
+    if not arm and policy is not None and policy.is_fixed:
+        arm = f"{method}-k{policy.steps[0][1]}"
+    return arm
 
 
 def _draft_cost(text: str, method: str, keys: dict, target: StepCostModel, deployment: Deployment):

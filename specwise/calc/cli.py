@@ -14,7 +14,7 @@ from specwise.calc.speedup import SpeedupConfig, best_row, minimum_alpha, speedu
 from specwise.calc.throughput import (ThroughputConfig, batch_grid, describe_switches, max_batch, switches,
                                       throughput_table)
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.step_profile import load_step_cost
 
 
 def register(subparsers) -> None:
@@ -45,7 +45,7 @@ def add_profile_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def target_cost(args, deployment: Deployment):
-    return ProfileCost.load(args.profile) if args.profile else RooflineCost(deployment)
+    return load_step_cost(args.profile) if args.profile else RooflineCost(deployment)
 
 
 def console() -> Console:

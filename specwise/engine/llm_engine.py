@@ -23,7 +23,7 @@ from specwise.engine.output_processor import OutputProcessor
 from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.engine.sampling.grammar import GrammarCompiler
 from specwise.engine.sampling.logits_processors import LogitsProcessing
-from specwise.engine.scheduler import ScheduledBatch, Scheduler
+from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
@@ -227,13 +227,9 @@ class LLMEngine:
             torch.set_num_threads(threads)
 
     def _draft_budget(self, seq: Sequence) -> int:
-        if self.proposer is None or not seq.sampling_params.speculative:
+        if self.proposer is None:
             return 0
-        positions = self.max_model_len - len(seq) - 1          # slots left before the context is full
-        room = min(seq.sampling_params.max_tokens - seq.num_output_tokens - 1, positions)
-        if getattr(self.proposer, "budget_counts_rows", False):    # a draft tree's rows (proposer.py)
-            room = positions
-        return max(0, min(self.step_k, room))
+        return draft_room(seq, self.step_k, self.max_model_len, getattr(self.proposer, "budget_counts_rows", False))
 
     def _choose_k(self) -> int:
         running = self.scheduler.running
@@ -256,14 +252,13 @@ class LLMEngine:
 
     def _advance(self, seq: Sequence, computed: Computed, num_new_tokens: int) -> RequestOutput | None:
         emitted = computed.tokens
+        self.scheduler.step_done(seq, num_new_tokens, len(emitted))
         if not emitted:                                  # a prompt chunk short of the prompt's end
-            seq.num_computed_tokens += num_new_tokens
             return None
         if computed.num_drafted:
             seq.spec.record(computed.num_drafted, len(emitted) - 1)
             self.stats.record(computed.num_drafted, len(emitted) - 1)
             self.policy.observe(computed.num_drafted, len(emitted) - 1)
-        seq.num_computed_tokens = len(seq) + len(emitted) - 1
         result = self.outputs.append(seq, emitted)
         self.runner.processing.accept(seq, result.new_token_ids)
         logprobs = computed.logprobs
@@ -271,7 +266,7 @@ class LLMEngine:
         if result.finish_reason:
             self.scheduler.finish(seq, result.finish_reason)
         else:
-            self.block_manager.trim(seq, len(seq))
+            self.scheduler.return_lookahead(seq)
         return self._output(seq, result.new_token_ids, result.new_text, result.finish_reason,
                             None if logprobs is None else logprobs[:len(result.new_token_ids)], prompt_logprobs)
 

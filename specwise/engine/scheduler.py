@@ -53,6 +53,18 @@ class ScheduledBatch:
         return sum(self.num_new_tokens) + sum(self.num_draft_tokens)
 
 
+def draft_room(seq: Sequence, step_k: int, max_model_len: int, counts_rows: bool = False) -> int:
+    """Draft rows a decoding sequence may verify this step: the step's k, bounded by the slots
+    left before the context is full and, for a chain, by what max_tokens leaves (the bonus token
+    included). A draft tree's rows (counts_rows, proposer.py) are bounded by the context only.
+    Worked example: k 4, max_tokens 10, 7 tokens out: room for 10 - 7 - 1 = 2 drafts."""
+    if not seq.sampling_params.speculative:
+        return 0
+    positions = max_model_len - len(seq) - 1
+    room = positions if counts_rows else min(seq.sampling_params.max_tokens - seq.num_output_tokens - 1, positions)
+    return max(0, min(step_k, room))
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
@@ -137,6 +149,19 @@ class Scheduler:
             self.block_manager.allocate(seq, len(seq) + num_draft)
             return num_draft
         return 0
+
+    def step_done(self, seq: Sequence, num_new_tokens: int, num_emitted: int) -> None:
+        """Bookkeeping after a step, before the emitted tokens are appended: a prompt chunk short
+        of the prompt's end counts as computed; a sequence that emitted n tokens has every token
+        but its newest computed (the newest is the next step's input)."""
+        if num_emitted:
+            seq.num_computed_tokens = len(seq) + num_emitted - 1
+        else:
+            seq.num_computed_tokens += num_new_tokens
+
+    def return_lookahead(self, seq: Sequence) -> None:
+        """Give back the lookahead slots rejection left unused (the sequence goes on running)."""
+        self.block_manager.trim(seq, len(seq))
 
     def preempt(self, seq: Sequence) -> None:
         self._release(seq)

@@ -14,8 +14,11 @@ Profile JSON (written by `specwise calibrate` or by hand):
       "prefill_tokens":  [256, 1024, 4096],          optional: prompt tokens in one prefill step,
       "prefill_seconds": [0.9, 3.4, 14.8],           its time, measured with prompts of
       "prefill_prompt_len": 256,                     this length (1, 4 and 16 of them)
-      "prefill_pads_to_longest": true                optional: the engine pads a prefill step's
-    }                                                prompts to its longest (specwise's flat steps do not)
+      "prefill_pads_to_longest": true,               optional: the engine pads a prefill step's
+                                                     prompts to its longest (specwise's flat steps do not)
+      "linear": {"fixed_s": 0.02, "per_token_s": 5e-4,   optional: the least-squares fit of
+                 "per_kv_token_s": 2e-6, ...}        engine/step_fit.py; a profile with no grid
+    }                                                (no "seconds") is read as that linear model
 
 Between grid points the time is piecewise linear along each axis; beyond the edges it is
 extended linearly from the last two points (so a batch twice the largest measured one
@@ -34,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from specwise.engine.step_cost import StepCostModel, check_step_shape
+from specwise.engine.step_fit import COEFFICIENTS, LinearStepCost
 from specwise.errors import InputError
 
 PROFILE_FORMAT = "specwise-step-profile"
@@ -115,6 +119,24 @@ class ProfileCost(StepCostModel):
             tokens, seconds = (np.asarray(self.prefill[key], dtype=float) for key in PREFILL_KEYS[:2])
             return float(max(_interp(tokens, seconds, np.array([len(lens) * length]))[0], 0.0))
         return float(self.step_times(len(lens), max(1, round(float(length))), np.zeros(1))[0])
+
+
+def load_step_cost(path) -> StepCostModel:
+    """A profile file as a step-cost model: its grid (ProfileCost) where it has one, else its
+    linear fit ("linear": {"fixed_s", "per_token_s", "per_kv_token_s"}, engine/step_fit.py)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return ProfileCost.load(path)                 # its one-line error
+    if data.get("format") == PROFILE_FORMAT and "seconds" not in data and isinstance(data.get("linear"), dict):
+        try:
+            coefficients = [float(data["linear"][key]) for key in COEFFICIENTS]
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}: profile linear needs {', '.join(COEFFICIENTS)} as numbers") from None
+        return LinearStepCost(*coefficients, description=f"linear fit: {data.get('model') or 'model?'} on "
+                                                         f"{data.get('machine') or 'machine?'}")
+    return ProfileCost.load(path)
 
 
 def _bracket(axis: np.ndarray, x: float) -> tuple[int, int, float]:

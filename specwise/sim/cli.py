@@ -17,14 +17,16 @@ import numpy as np
 
 from specwise.bench.load.config import LoadConfig, check_positive, help_field
 from specwise.bench.load.plan import Plan, build_plan
-from specwise.bench.results import read_records
+from specwise.bench.results import read_records, read_run_info
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.errors import ConfigError
+from specwise.sim.flat import FlatResult, FlatSimulator
 from specwise.sim.records import write_results
 from specwise.sim.simulator import SimServerConfig, Simulator
+from specwise.sim.validate import report, validate, write_predicted
 from specwise.sim.workload import prompt_tokens
 
 
@@ -38,7 +40,14 @@ class SimulateConfig(LoadConfig):
         "an evaluate results directory: take each request's prompt length as counted there "
         "(default: estimated from the text, 4 characters a token)")
     output_tokens: int | None = help_field("give every request exactly this output length, tokens")
+    output_tokens_from: str | None = help_field(
+        "an evaluate results directory: give each request the output length it had there (where it stopped, "
+        "EOS included; the baseline arm's, else any arm's), capped at its max_tokens")
     output: str | None = help_field("results directory (default: specwise-results/sim-<timestamp>)")
+    validate: str | None = help_field(
+        "an evaluate results directory: replay its requests, load points and arms on paper (the engine's limits "
+        "from its run.json, step costs from --profile) and print measured against predicted, with the errors; "
+        "--output then keeps the predicted run")
 
     default_concurrency: ClassVar[str] = "1,4,16,64"
 
@@ -62,6 +71,8 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     server = dataclass_from_args(SimServerConfig, args)
     config = dataclass_from_args(SimulateConfig, args)
     cost = target_cost(args, deployment)
+    if config.validate:
+        return run_validate(config, cost, deployment, server)
     arms = [OFF] + [parse_arm(text, cost, deployment) for text in config.arm if text.strip() != "off"]
     if len({arm.name for arm in arms}) != len(arms):
         raise ConfigError("two arms share a name; add name=... to one of them")
@@ -85,8 +96,18 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_validate(config: SimulateConfig, cost, deployment: Deployment, server: SimServerConfig) -> int:
+    validation = validate(config.validate, cost, deployment, server, seed=config.seed)
+    print(f"{config.validate} replayed on paper ({cost.description}); error = predicted / measured - 1")
+    print(report(validation))
+    if config.output:
+        write_predicted(config.output, validation, read_run_info(config.validate))
+        print(f"predicted run in {config.output} (render: specwise report {config.output})")
+    return 0
+
+
 def _simulator(arm, cost, deployment: Deployment, server: SimServerConfig, seed: int,
-               mean_length: float) -> Simulator:
+               mean_length: float) -> Simulator | FlatSimulator:
     """A drafter model's weights and KV share the memory: the draft arm holds fewer tokens."""
     budget = arm.draft.kv_budget
     fraction = 1.0 if budget is None else min(1.0, budget / mean_length)
@@ -95,15 +116,21 @@ def _simulator(arm, cost, deployment: Deployment, server: SimServerConfig, seed:
         raise ConfigError(f"arm {arm.name}: the weights need {plan.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU, "
                           f"{plan.usable_bytes_per_gpu / 2**30:.1f} GiB are usable; raise --tp or use a smaller "
                           f"--weight-dtype")
-    return Simulator(cost, server, server.kv_cache_tokens or plan.kv_capacity_tokens, seed=seed)
+    capacity = server.kv_cache_tokens or plan.kv_capacity_tokens
+    if server.scheduler == "flat":
+        return FlatSimulator(cost, server, capacity, seed=seed)
+    return Simulator(cost, server, capacity, seed=seed)
 
 
 def apply_lengths(plan: Plan, config: SimulateConfig) -> None:
     """The length overrides, applied to the workload evaluate would send (after its --max-tokens cap)."""
     counted = _counted_prompt_tokens(config.prompt_tokens_from) if config.prompt_tokens_from else {}
+    lengths = _measured_output_tokens(config.output_tokens_from) if config.output_tokens_from else {}
     for request in plan.workload:
         if request.prompt_tokens is None:
             request.prompt_tokens = counted.get(request.request_id)
+        if request.request_id in lengths:
+            request.max_tokens = min(request.max_tokens, lengths[request.request_id])
         if config.prompt_tokens is not None:
             request.prompt_tokens = config.prompt_tokens
         if config.output_tokens is not None:
@@ -121,10 +148,27 @@ def _counted_prompt_tokens(results_dir: str) -> dict[str, int]:
     return counted
 
 
+def _measured_output_tokens(results_dir: str) -> dict[str, int]:
+    """request id -> output tokens measured there: the baseline arm's where it has the request."""
+    records = [r for r in read_records(results_dir) if not r.error and r.output_tokens > 0 and not r.warmup]
+    if not records:
+        raise ConfigError(f"--output-tokens-from {results_dir}: no completed request there")
+    baseline = read_run_info(results_dir).get("baseline", "off") if Path(results_dir, "run.json").exists() else "off"
+    lengths: dict[str, int] = {}
+    for record in sorted(records, key=lambda r: r.arm == baseline):        # the baseline's last: it wins
+        lengths[record.request_id.partition("#")[0]] = record.output_tokens
+    return lengths
+
+
 def _cut_off(results) -> list[dict]:
     """run.json "cut_off" as evaluate writes it: requests still running at the time limit."""
     entries = []
     for result in results:
+        if isinstance(result, FlatResult):
+            if result.cut_off:
+                entries.append({"requests": result.cut_off, "arm": result.arm, "load_kind": result.load.kind,
+                                "load_value": result.load.value})
+            continue
         state = result.state
         cut = int(np.sum(~np.isnan(state.send) & ~state.recorded()))
         if cut:
@@ -134,15 +178,23 @@ def _cut_off(results) -> list[dict]:
 
 
 def _simulation_info(results, server: SimServerConfig, elapsed: float, config: SimulateConfig) -> dict:
-    notes = ["every request generates exactly its max_tokens (EOS is not modelled)",
-             "server modelled as vLLM V0: prefill steps of whole prompts, then decode steps"]
+    notes = ["every request generates exactly its max_tokens (a measured or trace length; EOS is not drawn)"]
+    if server.scheduler == "flat":
+        notes.append("server modelled as today's engines (ours, vLLM V1): each step runs the decodes with their "
+                     "drafts, then prompt chunks within max_num_batched_tokens, scheduled by specwise's own "
+                     "engine scheduler")
+        runs = [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value, "kv_blocks": r.kv_blocks,
+                 "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions, "steps": r.steps}
+                for r in results]
+    else:
+        notes.append("server modelled as vLLM V0: prefill steps of whole prompts, then decode steps")
+        runs = [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value,
+                 "kv_blocks": r.kv_blocks, "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions,
+                 "decode_steps": r.decode_steps, "prefill_steps": r.prefill_steps,
+                 "mean_requests_in_system": r.occupancy / r.duration if r.duration else 0.0}
+                for r in results]
     return {"server": dataclasses.asdict(server), "seed": config.seed, "wall_seconds": round(elapsed, 3),
-            "notes": notes,
-            "runs": [{"arm": r.arm, "load_kind": r.load.kind, "load_value": r.load.value,
-                      "kv_blocks": r.kv_blocks, "peak_kv_blocks": r.peak_kv_blocks, "preemptions": r.preemptions,
-                      "decode_steps": r.decode_steps, "prefill_steps": r.prefill_steps,
-                      "mean_requests_in_system": r.occupancy / r.duration if r.duration else 0.0}
-                     for r in results]}
+            "notes": notes, "runs": runs}
 
 
 def print_summary(records, run_info: dict, out_dir: Path, elapsed: float) -> None:

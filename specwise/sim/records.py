@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from specwise.bench.results import RequestRecord, write_run_info
+from specwise.sim.flat import FlatResult
 from specwise.sim.state import SimState
 from specwise.sim.simulator import SimResult
 
@@ -129,7 +130,7 @@ def write_results(out_dir, results: list[SimResult], run_info: dict) -> list[Req
     records = []
     with open(out_dir / "requests.jsonl", "w", encoding="utf-8") as file:
         for result in results:
-            batch = build_records(result)
+            batch = result.records if isinstance(result, FlatResult) else build_records(result)
             records.extend(batch)
             file.writelines(json.dumps(vars(record), separators=(",", ":")) + "\n" for record in batch)
     return records

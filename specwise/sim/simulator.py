@@ -1,4 +1,5 @@
-"""Discrete-event simulation of one continuous-batching server, on paper.
+"""Discrete-event simulation of one continuous-batching server, on paper: the V0 model
+(`--scheduler v0`; the default, today's flat step, is sim/flat.py).
 
 The server is modelled like vLLM's V0 scheduler, the one its speculative decoding ran on:
   - waiting requests are admitted first come, first served, as a prefill step of whole
@@ -29,6 +30,8 @@ from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 from specwise.sim.state import SimState
 
+SCHEDULERS = ("flat", "v0")
+
 
 @dataclass
 class SimServerConfig:
@@ -38,7 +41,10 @@ class SimServerConfig:
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
     kv_cache_tokens: int | None = field(default=None, metadata={
         "help": "KV cache size in tokens (default: GPU memory left after weights)"})
-    watermark: float = field(default=0.01, metadata={"help": "fraction of KV blocks kept free at admission"})
+    watermark: float = field(default=0.01, metadata={"help": "fraction of KV blocks kept free at admission (v0)"})
+    scheduler: str = field(default="flat", metadata={
+        "help": "flat: today's engines (ours, vLLM V1): decodes with their drafts, then prompt chunks, in one "
+                "step (sim/flat.py); v0: vLLM V0, prefill steps of whole prompts apart from decode steps"})
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -46,6 +52,8 @@ class SimServerConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ConfigError(f"kv_cache_tokens must hold at least one block, got {self.kv_cache_tokens}")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
         if not 0 <= self.watermark < 1:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark}")
 

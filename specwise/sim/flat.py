@@ -1,0 +1,314 @@
+"""The flat-step simulator: today's engines on paper, step by step.
+
+One simulated step is what our engine's scheduler (engine/scheduler.py, as vLLM V1's) builds:
+the running sequences' decode rows, each with its draft rows (k for a chain; for lookahead the
+tree's rows, docs/design.md), then prompt chunks within max_num_batched_tokens; preemption of
+the newest running sequence when the KV cache is full. The simulator does not copy that logic:
+it drives the engine's own Scheduler and BlockManager over Sequences with placeholder token ids
+and no model, and calls the same `draft_room` and `step_done` bookkeeping as LLMEngine. So a
+simulated step's rows, tokens and preemptions are the engine's for the same state.
+
+What the model adds: how long each step takes (the step-cost model, below), how many drafts each
+verification accepts (drawn per request: sim/request_acceptance.py) and how long each output
+is (the workload's max_tokens: measured lengths or a trace's, reached like EOS would be).
+
+A step's time. Decode part, n sequences over C cached tokens: a plain step, plus the draft rows
+fed as a share of n x k times the difference to a full verification of 1 + k rows (lookahead:
+1 + its rows), plus the drafter's time. Prompt part: the prefill time of the chunks. A step
+with both is one forward, so the fixed cost (a plain batch-1 step over no context) is paid once:
+    time = max(decode, prompt, decode + prompt - fixed) (+ the arm's per-step overhead)
+Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
+(engine/step_fit.py) costs the step as it is: its rows and the KV tokens they read.
+"""
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.load.arrivals import DRAIN_FACTOR, LoadPoint
+from specwise.bench.results import RequestRecord
+from specwise.calc.arms import SpecArm
+from specwise.calc.drafter import ExtraRowsCost
+from specwise.engine.block_manager import BlockManager
+from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
+from specwise.engine.sequence import Sequence
+from specwise.engine.step_cost import StepCostModel
+from specwise.engine.step_fit import LinearStepCost
+from specwise.errors import ConfigError
+from specwise.sampling_params import SamplingParams
+from specwise.sim.request_acceptance import Draws, assign
+from specwise.sim.workload import prompt_tokens, send_times
+
+UNBOUNDED_CONTEXT = 1 << 40          # no context window unless one is given
+
+
+@dataclass
+class FlatResult:
+    arm: str
+    load: LoadPoint
+    records: list[RequestRecord]
+    kv_blocks: int
+    peak_kv_blocks: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    duration: float = 0.0
+    cut_off: int = 0                  # sent but still running at the time limit (not recorded)
+
+
+@dataclass
+class _Request:
+    index: int
+    seq: Sequence
+    draws: Draws
+    send: float = math.nan
+    finish: float = math.nan
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    per_position: list[int] = field(default_factory=list)
+
+
+def schedule_step(scheduler: Scheduler, k: int, tree_rows: int, max_model_len: int
+                  ) -> tuple[ScheduledBatch | None, list[Sequence]]:
+    """The engine's next step for this state, by the engine's own scheduler: the batch (None when
+    nothing can run) and the sequences it preempted. k: the step's draft tokens per sequence (the
+    arm's k for the running batch); tree_rows: a draft tree's rows per sequence (lookahead), fed
+    whenever k > 0, or 0 for a chain."""
+    budget = (tree_rows if k else 0) if tree_rows else k
+    before = set(id(seq) for seq in scheduler.waiting)
+    batch = scheduler.schedule(lambda seq: draft_room(seq, budget, max_model_len, counts_rows=bool(tree_rows)))
+    return batch, [seq for seq in scheduler.waiting if id(seq) not in before]
+
+
+class FlatSimulator:
+    def __init__(self, cost: StepCostModel, server, kv_capacity_tokens: int, seed: int = 0,
+                 max_model_len: int | None = None):
+        if kv_capacity_tokens < server.block_size:
+            raise ConfigError(f"the KV cache holds {kv_capacity_tokens} tokens: the model does not fit")
+        self.cost, self.server, self.seed = cost, server, seed
+        self.kv_blocks = kv_capacity_tokens // server.block_size
+        self.max_model_len = max_model_len or UNBOUNDED_CONTEXT
+
+    def run(self, requests: list[WorkloadRequest], arm: SpecArm, load: LoadPoint, burstiness: float = 1.0,
+            duration: float | None = None, own: dict[str, Draws] | None = None,
+            arrivals: list[float] | None = None) -> FlatResult:
+        """`own`: request id -> its measured acceptance; `arrivals`: send times to use instead of
+        the load point's (a replayed run's own), one per request."""
+        return _Run(self, requests, arm, load, burstiness, duration, own, arrivals).simulate()
+
+
+class _Run:
+    def __init__(self, sim: FlatSimulator, requests, arm: SpecArm, load: LoadPoint, burstiness, duration, own,
+                 arrivals):
+        self.sim, self.cost, self.arm, self.load = sim, sim.cost, arm, load
+        self.duration = math.inf if duration is None else duration
+        self.scheduler = Scheduler(BlockManager(sim.kv_blocks, sim.server.block_size), sim.server.max_num_seqs,
+                                   sim.server.max_num_batched_tokens)
+        self.tree_rows = arm.draft.rows if isinstance(arm.draft, ExtraRowsCost) else 0
+        self.max_k = arm.policy.max_k if arm.speculative else 0
+        self.rng = np.random.default_rng(sim.seed)
+        draws = assign(requests, arm, self.max_k, sim.seed, own)
+        self.requests = [self._request(i, r, d) for i, (r, d) in enumerate(zip(requests, draws))]
+        self.by_seq = {r.seq.seq_id: r for r in self.requests}
+        self.categories = [request.category for request in requests]
+        self.errors: dict[int, str] = {}
+        self.now, self.steps, self.preemptions, self.peak = 0.0, 0, 0, 0
+        self.fixed = float(self.cost.step_times(1, 1, np.zeros(1))[0])
+        self._plan_sends(requests, burstiness, arrivals)
+
+    def _request(self, index: int, request: WorkloadRequest, draws: Draws) -> _Request:
+        params = SamplingParams(max_tokens=max(1, request.max_tokens), ignore_eos=True)
+        seq = Sequence(request.request_id, [0] * prompt_tokens(request)[0], params)
+        return _Request(index, seq, draws, per_position=[0] * self.max_k)
+
+    def _plan_sends(self, requests, burstiness: float, arrivals) -> None:
+        size, lookahead = self.sim.server.block_size, max(self.max_k, self.tree_rows)
+        for r in self.requests:
+            need = -(-(len(r.seq) + r.seq.sampling_params.max_tokens + lookahead) // size)
+            if need > self.sim.kv_blocks:
+                self.errors[r.index] = f"needs {need * size} KV tokens; the cache holds {self.sim.kv_blocks * size}"
+        times = arrivals if arrivals is not None else send_times(requests, self.load, burstiness, self.sim.seed)
+        self.wave = 0
+        if times is None:                                 # closed loop: workers send as others finish
+            self.pending, self.arrivals = deque(self.requests), deque()
+            self.wave = min(int(self.load.value), len(self.requests))
+            for _ in range(int(self.load.value)):
+                self._send_next()
+            return
+        self.pending = deque()
+        self.arrivals = deque(sorted(((t, r.index) for r, t in zip(self.requests, times) if t < self.duration)))
+
+    def _send(self, r: _Request, time: float) -> None:
+        r.send = time
+        if r.index in self.errors:
+            r.finish = time
+            return
+        self.scheduler.add(r.seq)
+
+    def _send_next(self) -> None:
+        """Closed loop: the next request goes out (an impossible one ends at once: send another)."""
+        while self.pending and self.now < self.duration:
+            r = self.pending.popleft()
+            self._send(r, self.now)
+            if r.index not in self.errors:
+                return
+
+    def simulate(self) -> FlatResult:
+        limit = DRAIN_FACTOR * self.duration
+        while True:
+            while self.arrivals and self.arrivals[0][0] <= self.now:
+                time, index = self.arrivals.popleft()
+                self._send(self.requests[index], time)
+            if not self.scheduler.has_unfinished():
+                if not self.arrivals:
+                    break
+                self.now = max(self.now, self.arrivals[0][0])
+                continue
+            if self.now >= limit and self._wave_done():
+                break
+            self._step()
+        return self._result(limit)
+
+    def _wave_done(self) -> bool:
+        return sum(1 for r in self.requests[:self.wave] if not math.isnan(r.finish)) >= self.wave
+
+    def _step(self) -> None:
+        k = self.arm.k_for(max(1, len(self.scheduler.running))) if self.max_k else 0
+        batch, preempted = schedule_step(self.scheduler, k, self.tree_rows, self.sim.max_model_len)
+        self.preemptions += len(preempted)
+        if batch is None:               # nothing can run: the head request never fits beside the rest
+            waiting, running = self.scheduler.waiting, self.scheduler.running
+            self._drop(waiting[0] if waiting else running[-1])
+            return
+        self.peak = max(self.peak, self.scheduler.block_manager.num_used_blocks)
+        emitted, rows = self._draw(batch, k)
+        self.now += self._seconds(batch, rows, k)
+        self.steps += 1
+        for index, seq in enumerate(batch.seqs):
+            self._advance(seq, batch, index, emitted[index])
+
+    def _drop(self, seq: Sequence) -> None:
+        r = self.by_seq[seq.seq_id]
+        self.errors[r.index] = "does not fit in the KV cache"
+        self.scheduler.finish(seq, "abort")
+        r.finish = self.now
+        self._send_next()
+
+    def _draw(self, batch: ScheduledBatch, k: int) -> tuple[list[int], list[int]]:
+        """Tokens each entry emits and the draft rows it fed (0: verified its last token only)."""
+        emitted, rows = [], []
+        for index, seq in enumerate(batch.seqs):
+            room = batch.num_draft_tokens[index]
+            if not batch.samples(index):
+                emitted.append(0)
+                rows.append(0)
+                continue
+            r = self.by_seq[seq.seq_id]
+            accepted, drafted = 0, 0
+            if room:
+                u, v, w = self.rng.random(3)
+                depth = min(k, room) if not self.tree_rows else k
+                if v < r.draws.fraction:
+                    accepted = int(np.sum(u < r.draws.rates[:depth]))
+                    # a draft of the request's mean length: floor or ceiling of length x depth, never
+                    # shorter than what it accepts
+                    mean = r.draws.length * depth
+                    drafted = max(accepted, int(mean) + int(w < mean - int(mean)))
+                if drafted:
+                    r.drafts, r.draft_tokens, r.accepted = r.drafts + 1, r.draft_tokens + drafted, r.accepted + accepted
+                    for position in range(accepted):
+                        r.per_position[position] += 1
+            left = seq.sampling_params.max_tokens - seq.num_output_tokens
+            emitted.append(min(1 + accepted, left))
+            rows.append(room if self.tree_rows else drafted)      # a tree feeds all its rows
+        return emitted, rows
+
+    def _seconds(self, batch: ScheduledBatch, rows: list[int], k: int) -> float:
+        decode = [i for i in range(len(batch.seqs)) if batch.num_new_tokens[i] == 1 and batch.samples(i)]
+        chunks = [batch.num_new_tokens[i] for i in sorted(set(range(len(batch.seqs))) - set(decode))]
+        if isinstance(self.cost, LinearStepCost):
+            return self._linear_seconds(batch, rows, k, decode)
+        seconds = 0.0
+        if decode:
+            n = len(decode)
+            total = np.array([float(sum(batch.seqs[i].num_computed_tokens for i in decode))])
+            plain = float(self.cost.step_times(n, 1, total)[0])
+            drafting = [i for i in decode if rows[i]]
+            seconds = plain
+            if drafting:
+                width = self.tree_rows or k
+                full = float(self.cost.step_times(n, 1 + width, total)[0])
+                # the verification rows fed, as a share of a full step's n x width
+                seconds += sum(rows[i] for i in drafting) / (n * width) * (full - plain) + self.arm.overhead_s
+                if not self.tree_rows:
+                    capped = total if self.arm.draft.kv_budget is None else np.array([float(sum(
+                        min(batch.seqs[i].num_computed_tokens, self.arm.draft.kv_budget) for i in decode))])
+                    seconds += float(self.arm.draft.draft_times(n, k, total, capped)[0])
+        if chunks:
+            prompt = self.cost.prefill_time(chunks) + self.arm.draft.prefill_time(chunks)
+            seconds = prompt if not decode else max(seconds, prompt, seconds + prompt - self.fixed)
+        return seconds
+
+    def _linear_seconds(self, batch: ScheduledBatch, rows: list[int], k: int, decode: list[int]) -> float:
+        """A linear model costs the flat step as it is: every row it computes, every KV token it reads."""
+        tokens = sum(batch.num_new_tokens) + sum(rows)
+        kv = sum(seq.num_computed_tokens for seq in batch.seqs)
+        seconds = float(self.cost.seconds(tokens, kv))
+        if any(rows[i] for i in decode):
+            seconds += self.arm.overhead_s
+            if not self.tree_rows:
+                total = np.array([float(sum(batch.seqs[i].num_computed_tokens for i in decode))])
+                seconds += float(self.arm.draft.draft_times(len(decode), k, total, total)[0])
+        return seconds
+
+    def _advance(self, seq: Sequence, batch: ScheduledBatch, index: int, emitted: int) -> None:
+        self.scheduler.step_done(seq, batch.num_new_tokens[index], emitted)
+        if not emitted:
+            return
+        r = self.by_seq[seq.seq_id]
+        seq.token_ids.extend([0] * emitted)
+        r.chunk_times.append(self.now - r.send)
+        r.chunk_tokens.append(emitted)
+        if seq.num_output_tokens >= seq.sampling_params.max_tokens:
+            self.scheduler.finish(seq, "length")
+            r.finish = self.now
+            self._send_next()
+        else:
+            self.scheduler.return_lookahead(seq)
+
+    def _result(self, limit: float) -> FlatResult:
+        keep_all = not self._wave_done()
+        records, cut, ends = [], 0, []
+        for r in self.requests:
+            if math.isnan(r.send):
+                continue
+            if math.isnan(r.finish) or (r.finish > limit and not (keep_all or r.index < self.wave)):
+                cut += 1
+                continue
+            records.append(self._record(r))
+            ends.append(r.finish)
+        sends = [r.send for r in self.requests if not math.isnan(r.send)]
+        return FlatResult(arm=self.arm.name, load=self.load, records=records, kv_blocks=self.sim.kv_blocks,
+                          peak_kv_blocks=self.peak, preemptions=self.preemptions, steps=self.steps,
+                          duration=max(ends) - min(sends) if ends else 0.0, cut_off=cut)
+
+    def _record(self, r: _Request) -> RequestRecord:
+        seq = r.seq
+        base = dict(arm=self.arm.name, method=self.arm.method, load_kind=self.load.kind,
+                    load_value=self.load.value, category=self.categories[r.index], request_id=seq.request_id,
+                    prompt_tokens=seq.num_prompt_tokens, send_time=r.send)
+        if r.index in self.errors:
+            return RequestRecord(**base, output_tokens=0, error=self.errors[r.index])
+        record = RequestRecord(**base, output_tokens=seq.num_output_tokens, ttft=r.chunk_times[0],
+                               e2e=r.finish - r.send, chunk_times=list(r.chunk_times),
+                               chunk_tokens=list(r.chunk_tokens))
+        if self.arm.speculative:
+            record.drafts, record.draft_tokens, record.accepted_tokens = r.drafts, r.draft_tokens, r.accepted
+            record.accepted_per_position = list(r.per_position)
+        return record
+

@@ -1,0 +1,219 @@
+"""`specwise simulate --validate RESULTS_DIR`: a measured `evaluate` run, replayed on paper.
+
+The same requests (each with its measured prompt and output length and its own measured
+acceptance counters), at the same load points, in the same rounds, for the same arms, through
+the flat simulator (sim/flat.py) with the engine's batch limits and KV cache from run.json and
+the given step-cost model (`--profile`). A closed-loop round is replayed as a closed loop of the
+same concurrency over the round's requests in their send order; a rate or trace round sends
+each request at its measured send time. The simulated records are placed at the measured
+round's start, so both sides go through the same metric code (bench/report/summary.py) and the
+same verdicts (bench/report/recommend.py).
+
+Printed per load point and arm: measured against predicted mean TTFT, mean TPOT, output
+throughput, acceptance rate, and the verdict; the error is predicted / measured - 1. Then per
+metric the median and the worst absolute error over the points, and how many verdicts agree
+where the measurement decided one (not "can't tell").
+
+Replayed arms: off and the model-free drafters (ngram, suffix, lookahead), whose drafting costs
+no forward the profile does not hold. Others are listed as not replayed.
+"""
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.report.recommend import UNSURE, recommend
+from specwise.bench.report.summary import ALL, summarize
+from specwise.bench.results import RequestRecord, read_records, read_run_info
+from specwise.calc.arms import MODEL_FREE, OFF, SpecArm, build_arm
+from specwise.calc.deployment import Deployment
+from specwise.engine.spec_decode.config import SpeculativeConfig
+from specwise.engine.step_cost import StepCostModel
+from specwise.errors import InputError
+from specwise.sim.flat import FlatSimulator
+from specwise.sim.records import write_results
+from specwise.sim.request_acceptance import from_record
+from specwise.sim.simulator import SimServerConfig
+
+METRICS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("tok/s", "throughput"), ("accept", "acceptance"))
+REPLAYABLE = ("off", *MODEL_FREE, "lookahead")
+
+
+@dataclass
+class PointComparison:
+    arm: str
+    load_kind: str
+    load_value: float
+    measured: dict[str, float | None]
+    predicted: dict[str, float | None]
+    verdicts: tuple[str | None, str | None] = (None, None)      # measured, predicted (None for the baseline)
+
+    def error(self, key: str) -> float | None:
+        real, model = self.measured.get(key), self.predicted.get(key)
+        return None if not real or model is None else model / real - 1
+
+
+@dataclass
+class Validation:
+    points: list[PointComparison]
+    skipped: dict[str, str] = field(default_factory=dict)       # arm -> why it was not replayed
+    predicted_records: list[RequestRecord] = field(default_factory=list)
+
+    def errors(self, key: str) -> list[float]:
+        return [abs(e) for e in (p.error(key) for p in self.points) if e is not None]
+
+
+def server_from_run(run: dict, flags: SimServerConfig, deployment: Deployment) -> tuple[SimServerConfig, int, int]:
+    """The measured engine's limits and KV cache (run.json "engine", in-process runs), else the flags.
+    Returns (server, KV capacity in tokens, max_model_len)."""
+    engine = run.get("engine") or {}
+    server = SimServerConfig(max_num_seqs=engine.get("max_num_seqs", flags.max_num_seqs),
+                             max_num_batched_tokens=engine.get("max_num_batched_tokens",
+                                                               flags.max_num_batched_tokens),
+                             block_size=engine.get("block_size", flags.block_size),
+                             kv_cache_tokens=flags.kv_cache_tokens)
+    if flags.kv_cache_tokens:
+        capacity = flags.kv_cache_tokens
+    elif engine.get("num_kv_blocks"):
+        capacity = engine["num_kv_blocks"] * server.block_size
+    elif engine.get("kv_cache_gb"):
+        capacity = int(engine["kv_cache_gb"] * 2**30 / deployment.kv_bytes_per_token)
+    else:
+        capacity = deployment.memory_plan().kv_capacity_tokens
+    return server, capacity, engine.get("max_model_len") or 0
+
+
+def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: SimServerConfig,
+             seed: int = 0) -> Validation:
+    run = read_run_info(results_dir)
+    measured = [r for r in read_records(results_dir) if not r.warmup]
+    if not measured:
+        raise InputError(f"{results_dir}: no measured requests to replay")
+    server, capacity, max_model_len = server_from_run(run, flags, deployment)
+    simulator = FlatSimulator(cost, server, capacity, seed=seed, max_model_len=max_model_len or None)
+    arms, skipped = _arms(run, measured, results_dir, cost, deployment)
+    groups: dict[tuple, list[RequestRecord]] = defaultdict(list)
+    for record in measured:
+        if record.arm in arms and not record.error:
+            groups[(record.arm, record.load_kind, record.load_value, record.round)].append(record)
+    predicted = []
+    for (name, kind, value, round_), records in groups.items():
+        predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records)
+    kept = [r for r in measured if r.arm in arms]
+    return Validation(_compare(kept, predicted, run), skipped, predicted)
+
+
+def _arms(run: dict, measured, results_dir, cost, deployment) -> tuple[dict[str, SpecArm], dict[str, str]]:
+    specs = {arm["name"]: arm for arm in run.get("arms", []) if isinstance(arm, dict) and "name" in arm}
+    for record in measured:
+        specs.setdefault(record.arm, {"name": record.arm, "method": record.method, "k": None})
+    arms, skipped = {}, {}
+    for name, spec in specs.items():
+        method, k = spec.get("method", "?"), spec.get("k")
+        if method == "off":
+            arms[name] = OFF
+        elif method not in REPLAYABLE:
+            skipped[name] = f"drafting by {method} costs forwards the profile does not hold"
+        elif not k:
+            skipped[name] = "its k is not in run.json"
+        else:
+            keys = {"k": str(k), "from": str(results_dir), "arm": name, "name": name}
+            if method == "lookahead":
+                sizes = SpeculativeConfig.parse(spec.get("spec") or "lookahead", k)
+                keys |= {"w": str(sizes.lookahead_window), "n": str(sizes.lookahead_ngram),
+                         "g": str(sizes.lookahead_candidates)}
+            arms[name] = build_arm(method, keys, cost, deployment)
+    return arms, skipped
+
+
+def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, records: list[RequestRecord]):
+    """One round of one arm at one point, replayed: predicted records at the measured round's times."""
+    records = sorted(records, key=lambda r: r.send_time)
+    start = records[0].send_time
+    requests = [WorkloadRequest(request_id=r.request_id, category=r.category, max_tokens=max(1, r.output_tokens),
+                                prompt_tokens=max(1, r.prompt_tokens)) for r in records]
+    k = arm.policy.max_k if arm.speculative else 0
+    own = {r.request_id: d for r in records if (d := from_record(r, k)) is not None} if k else None
+    arrivals = None if load.kind == "concurrency" else [r.send_time - start for r in records]
+    result = simulator.run(requests, arm, load, own=own, arrivals=arrivals)
+    for record in result.records:
+        record.send_time += start
+        record.round = round_
+    return result.records
+
+
+def _figures(summary, arm: str, kind: str, value: float) -> dict[str, float | None]:
+    row = summary.row(arm, kind, value, ALL)
+    if row is None:
+        return {}
+    m = row.metrics
+    return {"ttft": m.ttft.mean, "tpot": m.tpot.mean, "throughput": m.output_throughput,
+            "acceptance": m.acceptance.rate if m.acceptance else None}
+
+
+def _compare(measured: list[RequestRecord], predicted: list[RequestRecord], run: dict) -> list[PointComparison]:
+    criteria = run.get("criteria") or {}
+    options = {key: criteria[name] for key, name in (("metric", "pay_metric"), ("margin", "margin"),
+                                                     ("throughput_floor", "throughput_floor")) if name in criteria}
+    real, model = summarize(measured, run), summarize(predicted, {**run, "tool": "simulate"})
+    calls = [{(v.arm, v.load_kind): v.calls for v in recommend(s, **options).verdicts} for s in (real, model)]
+    points = []
+    for row in real.rows:
+        if row.category != ALL:
+            continue
+        key = (row.arm, row.load_kind, row.load_value)
+        verdicts = tuple(c.get(key[:2], {}).get(row.load_value) for c in calls)
+        points.append(PointComparison(*key, _figures(real, *key), _figures(model, *key), verdicts))
+    return points
+
+
+def report(validation: Validation) -> str:
+    """The printed comparison (plain text, one line per point and arm)."""
+    head = f"{'arm':<22} {'load':>8}" + "".join(f" {name + ' meas':>12} {'pred':>9} {'err':>7}" for name, _ in METRICS)
+    lines = [head + f"  {'verdict meas / pred':>24}"]
+    for p in validation.points:
+        cells = "".join(f" {_num(p.measured.get(key), key):>12} {_num(p.predicted.get(key), key):>9}"
+                        f" {_pct(p.error(key)):>7}" for _, key in METRICS)
+        verdict = "" if p.verdicts[0] is None else f"{p.verdicts[0]} / {p.verdicts[1]}"
+        lines.append(f"{p.arm:<22} {_load(p.load_kind, p.load_value):>8}{cells}  {verdict:>24}")
+    for name, key in METRICS:
+        errors = validation.errors(key)
+        if errors:
+            lines.append(f"{name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
+                         f"over {len(errors)} points")
+    decided = [p for p in validation.points if p.verdicts[0] not in (None, UNSURE)]
+    agree = sum(1 for p in decided if p.verdicts[0] == p.verdicts[1])
+    lines.append(f"verdicts: {agree} of {len(decided)} agree where the measurement decided one "
+                 f"({sum(1 for p in validation.points if p.verdicts[0] == UNSURE)} points measured can't tell)")
+    for arm, why in validation.skipped.items():
+        lines.append(f"not replayed: {arm} ({why})")
+    return "\n".join(lines)
+
+
+def write_predicted(out_dir, validation: Validation, run: dict) -> None:
+    """The predicted run in evaluate's format, for `specwise report`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_results(out_dir, [], {key: run[key] for key in ("model", "arms", "baseline", "loads", "slo", "criteria")
+                                if key in run} | {"machine": "simulated (validate)"})
+    with open(out_dir / "requests.jsonl", "a", encoding="utf-8") as file:
+        file.writelines(record.to_json() + "\n" for record in validation.predicted_records)
+
+
+def _num(value, key: str) -> str:
+    if value is None:
+        return "-"
+    if key in ("ttft", "tpot"):
+        return f"{value * 1e3:.1f}ms"
+    return f"{value:.3f}" if key == "acceptance" else f"{value:.1f}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def _load(kind: str, value: float) -> str:
+    return {"concurrency": f"c={value:g}", "rate": f"{value:g}/s"}.get(kind, f"x{value:g}")

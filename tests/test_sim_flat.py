@@ -1,0 +1,128 @@
+"""The flat-step simulator (sim/flat.py): every request accounted for, the KV cache never
+over-subscribed, acceptance drawn per request (its own measured counters, or a measured
+request of its category), and a step's time from the step-cost model."""
+
+import json
+
+import numpy as np
+import pytest
+
+from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.results import RequestRecord
+from specwise.calc.arms import OFF, parse_arm
+from specwise.calc.deployment import Deployment, DeploymentConfig
+from specwise.calc.roofline import RooflineCost
+from specwise.engine.step_profile import ProfileCost
+from specwise.sim.flat import FlatSimulator
+from specwise.sim.request_acceptance import Draws, from_counts
+from specwise.sim.simulator import SimServerConfig
+
+DEPLOYMENT = Deployment.from_config(DeploymentConfig(model="llama-3.1-8b", gpu="h100-sxm"))
+COST = RooflineCost(DEPLOYMENT)
+
+
+def workload(count=60, seed=1) -> list[WorkloadRequest]:
+    rng = np.random.default_rng(seed)
+    return [WorkloadRequest(request_id=f"r{i}", category=("chat", "code")[i % 2], max_tokens=int(rng.integers(1, 120)),
+                            prompt_tokens=int(rng.integers(10, 900))) for i in range(count)]
+
+
+def constant_cost(seconds=0.01) -> ProfileCost:
+    """Every step costs `seconds`, whatever its shape (prefill too)."""
+    return ProfileCost([1, 2], [1, 2], [0, 1], np.full((2, 2, 2), seconds))
+
+
+@pytest.mark.parametrize("load", [LoadPoint("concurrency", 1), LoadPoint("concurrency", 16), LoadPoint("rate", 50.0)],
+                         ids=lambda p: p.label())
+@pytest.mark.parametrize("kv_tokens", [200_000, 3_000], ids=["roomy", "tight"])
+def test_every_request_ends_with_its_length_and_the_cache_holds(load, kv_tokens):
+    requests = workload()
+    for arm in (OFF, parse_arm("ngram:k=4,alpha=0.7", COST, DEPLOYMENT),
+                parse_arm("lookahead:w=1,n=3,g=2,k=4,alpha=0.6", COST, DEPLOYMENT)):
+        result = FlatSimulator(COST, SimServerConfig(max_num_batched_tokens=256), kv_tokens).run(requests, arm, load)
+        assert [r.request_id for r in result.records] == [r.request_id for r in requests]
+        for record, request in zip(result.records, requests):
+            assert record.error is None and record.output_tokens == sum(record.chunk_tokens) == request.max_tokens
+            assert record.chunk_times[0] == pytest.approx(record.ttft) and record.chunk_times[-1] == pytest.approx(
+                record.e2e)
+            assert np.all(np.diff(record.chunk_times) > 0)
+        assert result.peak_kv_blocks <= result.kv_blocks
+        if kv_tokens == 3_000 and load.value == 16:
+            assert result.preemptions > 0
+
+
+def test_own_acceptance_per_request():
+    """A request that accepts everything emits 1 + 4 tokens a step; one that never drafts emits 1."""
+    requests = [WorkloadRequest(request_id=name, category="chat", max_tokens=21, prompt_tokens=8) for name in "ab"]
+    arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
+    own = {"a": Draws(np.ones(4), 1.0), "b": Draws(np.ones(4), 0.0)}
+    result = FlatSimulator(constant_cost(), SimServerConfig(), 10_000).run(requests, arm, LoadPoint("concurrency", 2),
+                                                                           own=own)
+    a, b = result.records
+    assert a.chunk_tokens == [1, 5, 5, 5, 5] and a.accepted_per_position == [4, 4, 4, 4] and a.drafts == 4
+    assert b.chunk_tokens == [1] * 21 and b.drafts == 0
+    assert a.e2e == pytest.approx(0.05) and b.e2e == pytest.approx(0.21)      # 10 ms a step, a prefill included
+
+
+def test_measured_requests_keep_their_spread(tmp_path):
+    """from=DIR: each simulated request takes one measured request's acceptance (all or nothing
+    here), not the category's mean (one half)."""
+    lines = [RequestRecord(arm="ngram-k4", method="ngram", load_kind="concurrency", load_value=1, category="chat",
+                           request_id=f"m{i}", prompt_tokens=8, output_tokens=41, send_time=0.0, ttft=0.1, e2e=1.0,
+                           drafts=10 if i else 40, draft_tokens=40 if i else 160, accepted_tokens=30 if i else 0,
+                           accepted_per_position=[10, 10, 10, 0] if i else [0, 0, 0, 0]).to_json() for i in range(2)]
+    (tmp_path / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "run.json").write_text(json.dumps({"tool": "evaluate"}))
+    arm = parse_arm(f"ngram:k=4,from={tmp_path}", COST, DEPLOYMENT)
+    requests = [WorkloadRequest(request_id=f"r{i}", category="chat", max_tokens=40, prompt_tokens=8) for i in range(40)]
+    result = FlatSimulator(constant_cost(), SimServerConfig(), 100_000).run(requests, arm, LoadPoint("concurrency", 8))
+    rates = [r.accepted_tokens / r.draft_tokens for r in result.records]
+    # 3 of 4 a step, more where max_tokens leaves room for fewer drafts at the end
+    assert {rate == 0 for rate in rates} == {True, False} and all(rate == 0 or rate >= 0.75 for rate in rates)
+
+
+def test_from_counts():
+    draws = from_counts(drafts=2, per_position=[2, 1, 0, 0], output_tokens=6, accepted=3, k=4, draft_tokens=6)
+    assert draws.rates.tolist() == [1.0, 0.5, 0.0, 0.0] and draws.fraction == 1.0 and draws.length == 0.75
+    assert from_counts(0, [], output_tokens=5, accepted=0, k=4).fraction == 0.0
+
+
+def test_short_drafts_keep_the_measured_acceptance_rate():
+    """n-gram drafts half of k long on average, accepting 1 of them: the simulated rate is about
+    1 / 2, not 1 / 4 (and never more drafts accepted than drafted)."""
+    requests = [WorkloadRequest(request_id=f"r{i}", category="chat", max_tokens=200, prompt_tokens=8)
+                for i in range(4)]
+    arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
+    own = {r.request_id: Draws(np.array([1.0, 0, 0, 0]), 1.0, length=0.5) for r in requests}
+    result = FlatSimulator(constant_cost(), SimServerConfig(), 100_000).run(requests, arm,
+                                                                            LoadPoint("concurrency", 4), own=own)
+    drafted = sum(r.draft_tokens for r in result.records)
+    assert sum(r.accepted_tokens for r in result.records) / drafted == pytest.approx(0.5, abs=0.02)
+
+
+def test_a_mixed_step_pays_the_fixed_cost_once():
+    """Decodes beside a prompt chunk: one forward. With every step 10 ms (fixed 10 ms), a decode
+    step with a chunk beside it costs max(10, 10, 10 + 10 - 10) = 10 ms."""
+    requests = [WorkloadRequest(request_id="a", category="chat", max_tokens=4, prompt_tokens=8, arrival_time=0.0),
+                WorkloadRequest(request_id="b", category="chat", max_tokens=2, prompt_tokens=30, arrival_time=0.015)]
+    result = FlatSimulator(constant_cost(), SimServerConfig(max_num_batched_tokens=16), 10_000).run(
+        requests, OFF, LoadPoint("trace", 1.0))
+    a, b = result.records
+    # a: prefill ends at 10 ms, decodes at 20, 30, 40; b arrives at 15 ms: chunks of 15 and 15 in the
+    # steps ending 30 and 40 ms (16 - 1 for a's decode), its first token at 40, its second at 50
+    assert a.chunk_times == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    assert b.chunk_times == pytest.approx([0.025, 0.035])
+
+
+def test_a_linear_model_costs_the_flat_step_as_it_is():
+    """fixed 10 ms + 1 ms a row + 0.1 ms a KV token read: the prefill of 8 rows costs 18 ms; the
+    decode steps verify 1 + 1 rows (max_tokens leaves room for 1 draft) over 8 cached tokens:
+    10 + 2 + 0.8 = 12.8 ms. a accepts everything: 3 tokens, done at 30.8 ms."""
+    from specwise.engine.step_fit import LinearStepCost
+    request = WorkloadRequest(request_id="a", category="chat", max_tokens=3, prompt_tokens=8)
+    arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
+    result = FlatSimulator(LinearStepCost(0.010, 0.001, 0.0001), SimServerConfig(), 1000).run(
+        [request], arm, LoadPoint("concurrency", 1), own={"a": Draws(np.ones(4), 1.0)})
+    assert result.records[0].chunk_times == pytest.approx([0.018, 0.0308])
+    assert result.records[0].chunk_tokens == [1, 2]

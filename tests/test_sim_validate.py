@@ -1,0 +1,92 @@
+"""`specwise simulate --validate DIR`: a tiny recorded run replayed on paper; the errors printed
+equal those computed here by hand.
+
+The profile makes every step cost 10 ms. The run: concurrency 1, two requests per arm, prompts
+of 8 tokens, 3 output tokens each. Predicted, off: a request's prefill step ends at 10 ms (its
+first token), two decode steps end at 20 and 30 ms; the second request is sent at 30 ms. So TTFT
+10 ms, TPOT (30 - 10) / 2 = 10 ms, 6 tokens in 60 ms = 100 tok/s. ngram-k4: each request's own
+counters say its one draft was accepted (p = 1 at position 1, nothing beyond); after the prefill,
+max_tokens leaves room for 1 draft, accepted: 2 tokens in one step. TTFT 10 ms, TPOT 5 ms,
+6 tokens in 40 ms = 150 tok/s, acceptance 1.0.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from specwise.bench.results import RequestRecord
+from specwise.cli import main
+
+ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
+          "max_model_len": 512}
+# (arm, send, ttft, e2e): measured
+MEASURED = [("off", 0.000, 0.012, 0.036), ("off", 0.040, 0.011, 0.033),
+            ("ngram-k4", 0.200, 0.011, 0.021), ("ngram-k4", 0.225, 0.010, 0.024)]
+
+
+def recorded_run(path):
+    lines = []
+    for index, (arm, send, ttft, e2e) in enumerate(MEASURED):
+        record = RequestRecord(arm=arm, method=arm.partition("-")[0], load_kind="concurrency", load_value=1,
+                               category="chat", request_id=f"q{index % 2}", prompt_tokens=8, output_tokens=3,
+                               send_time=send, ttft=ttft, e2e=e2e, chunk_times=[ttft, e2e], chunk_tokens=[1, 2])
+        if arm != "off":
+            record.drafts, record.draft_tokens, record.accepted_tokens = 1, 1, 1
+            record.accepted_per_position = [1, 0, 0, 0]
+        lines.append(record.to_json())
+    (path / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    arms = [{"name": "off", "method": "off", "spec": None, "k": 0},
+            {"name": "ngram-k4", "method": "ngram", "spec": "ngram", "k": 4}]
+    (path / "run.json").write_text(json.dumps({"tool": "evaluate", "arms": arms, "baseline": "off",
+                                               "loads": [{"kind": "concurrency", "value": 1}], "engine": ENGINE}))
+    profile = {"format": "specwise-step-profile", "version": 1, "batch_sizes": [1, 2], "tokens_per_seq": [1, 2],
+               "context_lens": [0, 1], "seconds": np.full((2, 2, 2), 0.010).tolist()}
+    (path / "profile.json").write_text(json.dumps(profile))
+
+
+def hand_errors() -> dict[str, dict[str, float]]:
+    """predicted / measured - 1 per arm and metric, from MEASURED and the predictions above."""
+    def measured(arm):
+        rows = [row for row in MEASURED if row[0] == arm]
+        ttft = np.mean([t for _, _, t, _ in rows])
+        tpot = np.mean([(e - t) / 2 for _, _, t, e in rows])
+        window = max(s + e for _, s, _, e in rows) - min(s for _, s, _, _ in rows)
+        return ttft, tpot, 6 / window
+    predicted = {"off": (0.010, 0.010, 100.0), "ngram-k4": (0.010, 0.005, 150.0)}
+    return {arm: dict(zip(("ttft", "tpot", "throughput"), (p / m - 1 for p, m in zip(predicted[arm], measured(arm)))))
+            for arm in predicted}
+
+
+def test_validate_prints_the_errors_computed_by_hand(tmp_path, capsys):
+    recorded_run(tmp_path)
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json"),
+                 "--output", str(tmp_path / "predicted")]) == 0
+    out = capsys.readouterr().out
+    errors = hand_errors()
+    assert errors["off"]["ttft"] == pytest.approx(0.010 / 0.0115 - 1)        # -13.0%
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("off ", "ngram-k4 "))}
+    for arm, by_metric in errors.items():
+        for key in ("ttft", "tpot", "throughput"):
+            assert f"{by_metric[key]:+.1%}" in rows[arm].split(), (arm, key, rows[arm])
+    assert "1.000" in rows["ngram-k4"].split() and "+0.0%" in rows["ngram-k4"].split()     # acceptance 1 and 1
+    for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("tok/s", "throughput")):
+        values = [abs(errors[arm][key]) for arm in errors]
+        assert f"{name}: median |error| {np.median(values):.1%}, worst {max(values):.1%} over 2 points" in out
+    assert "verdicts: 0 of 0 agree" in out            # 2 requests decide nothing
+    assert (tmp_path / "predicted" / "requests.jsonl").read_text().count("\n") == 4
+
+
+def test_validate_says_which_arms_it_cannot_replay(tmp_path, capsys):
+    recorded_run(tmp_path)
+    run = json.loads((tmp_path / "run.json").read_text())
+    run["arms"].append({"name": "eagle-k4", "method": "eagle", "spec": "eagle", "k": 4})
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json")]) == 0
+    assert "not replayed: eagle-k4 (drafting by eagle costs forwards the profile does not hold)" in \
+        capsys.readouterr().out
+
+
+def test_validate_refuses_a_directory_without_results(tmp_path, capsys):
+    assert main(["simulate", "--validate", str(tmp_path)]) != 0
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""The linear step-cost fit (engine/step_fit.py): known coefficients recovered from a synthetic
+engine, residuals kept, a one-line refusal for a sweep too short to fit, and a linear profile
+read by the simulator and the calculators."""
+
+import json
+
+import numpy as np
+import pytest
+
+from specwise.engine.step_fit import LinearStepCost, StepSample, fit, grid_samples
+from specwise.engine.step_profile import load_step_cost
+from specwise.errors import ConfigError
+
+FIXED, PER_TOKEN, PER_KV = 0.004, 3e-4, 2e-6        # the synthetic engine's known step time
+
+
+def synthetic_step(tokens, kv_tokens, rng) -> float:
+    """A step's time: the known function, with +-1% measurement noise."""
+    return (FIXED + PER_TOKEN * tokens + PER_KV * kv_tokens) * (1 + rng.uniform(-0.01, 0.01))
+
+
+def sweep(batch_sizes=(1, 2, 4, 8, 16), tokens_per_seq=(1, 2, 5), contexts=(0, 128, 512, 1024), seed=0):
+    rng = np.random.default_rng(seed)
+    return [StepSample(b * t, b * c, synthetic_step(b * t, b * c, rng))
+            for b in batch_sizes for t in tokens_per_seq for c in contexts]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recovers_the_known_coefficients_within_2_percent(seed):
+    result = fit(sweep(seed=seed))
+    cost = result.cost
+    assert cost.fixed_s == pytest.approx(FIXED, rel=0.02)
+    assert cost.per_token_s == pytest.approx(PER_TOKEN, rel=0.02)
+    assert cost.per_kv_token_s == pytest.approx(PER_KV, rel=0.02)
+    assert np.abs(result.relative_residuals).max() < 0.03          # the noise, nothing more
+    assert "residuals over 60 steps" in result.summary() and len(result.residual_lines()) == 60
+
+
+def test_a_model_that_does_not_fit_shows_in_its_residuals():
+    """Step time quadratic in the tokens: the straight line misses by far more than noise."""
+    samples = [StepSample(t, c, 0.001 + 1e-6 * t * t) for t in (1, 10, 100, 400) for c in (0, 1000)]
+    assert np.abs(fit(samples).relative_residuals).max() > 0.3
+
+
+@pytest.mark.parametrize("samples", [
+    sweep(batch_sizes=(1,), tokens_per_seq=(1,), contexts=(0, 512)),             # 2 steps
+    sweep(batch_sizes=(1, 2, 4, 8), tokens_per_seq=(1,), contexts=(0,)),         # one KV size
+    [StepSample(t, 10 * t, 0.001 * t + 0.01) for t in range(1, 9)],              # KV moves with tokens
+], ids=["two steps", "one KV size", "collinear"])
+def test_refuses_a_sweep_too_short_to_fit(samples):
+    with pytest.raises(ConfigError, match="too short to fit") as error:
+        fit(samples)
+    assert "\n" not in str(error.value)
+
+
+def test_grid_samples_read_a_profile_grid():
+    samples = grid_samples([1, 4], [1, 5], [0, 100], np.arange(8).reshape(2, 2, 2) / 10)
+    assert samples[-1] == StepSample(20, 400, 0.7) and samples[1] == StepSample(1, 100, 0.1)
+
+
+def test_a_linear_profile_is_a_step_cost_model(tmp_path):
+    path = tmp_path / "linear.json"
+    path.write_text(json.dumps({"format": "specwise-step-profile", "version": 1, "model": "m", "machine": "x",
+                                "linear": {"fixed_s": FIXED, "per_token_s": PER_TOKEN, "per_kv_token_s": PER_KV}}))
+    cost = load_step_cost(path)
+    assert isinstance(cost, LinearStepCost)
+    # 8 sequences verifying 1 + 4 rows over 300 cached tokens each
+    assert cost.step_time(8, 5, 300) == pytest.approx(FIXED + PER_TOKEN * 40 + PER_KV * 2400)
+    assert cost.prefill_time([100, 50]) == pytest.approx(FIXED + PER_TOKEN * 150)
