@@ -105,7 +105,7 @@ def _measure(config, engine_config, plan, specs, baseline, results_dir, schedule
     view = make_view(config.progress)
     precision = None if config.precision is None else PrecisionCheck(
         baseline, list(dict.fromkeys([config.pay_metric, "e2e_mean", "output_throughput"])), config.precision,
-        config.confidence, config.seed)
+        config.confidence, config.seed, blocks=schedule.kind == "blocks")
     runner = Runner(plan, arms.targets, results_dir, info, view, config.warmup, config.request_timeout,
                     parse_slo(config.slo), tokenizer=arms.tokenizer, schedule=schedule, precision=precision)
     try:

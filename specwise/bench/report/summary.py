@@ -154,6 +154,7 @@ def add_comparisons(summary: Summary, groups: dict[tuple, list[RequestRecord]]) 
     level = criteria.get("confidence") or DEFAULT_LEVEL
     seed = (summary.run.get("config") or {}).get("seed") or 0
     keys = [key for key in shown_keys(summary.run) if interval_keys(key)]
+    blocks = (summary.run.get("schedule") or {}).get("kind") == "blocks"
     for row in summary.rows:
         base_records = groups.get((summary.baseline, row.load_kind, row.load_value))
         if row.arm == summary.baseline or base_records is None:
@@ -174,7 +175,7 @@ def add_comparisons(summary: Summary, groups: dict[tuple, list[RequestRecord]]) 
         if row.category != ALL and len(pairs) < MIN_CATEGORY_PAIRS:
             continue
         label = f"{row.arm}|{row.load_kind}|{row.load_value}|{row.category}"
-        comparison = compare(pairs, keys, row.load_kind == "concurrency", level, seed, label)
+        comparison = compare(pairs, keys, row.load_kind == "concurrency", level, seed, label, blocks)
         for key, interval in comparison.intervals.items():
             row.speedup[key] = interval.estimate
             row.intervals[key] = interval.to_list()
