@@ -79,3 +79,8 @@ def test_engine_methods_refused_in_one_line(text, message):
     with pytest.raises(ConfigError, match=message) as error:
         parse_engine_methods(text, "vllm", 4)
     assert "\n" not in str(error.value)
+
+
+def test_the_recommendation_says_what_suffix_needs_in_vllm():
+    assert "arctic-inference" in vllm_config("suffix", "suffix", 4, [])["vllm_note"]
+    assert vllm_config("ngram", "ngram", 4, [])["vllm_note"] == ""

