@@ -16,6 +16,7 @@ Behaviour from the environment:
   FAKE_ENGINE_CRASH_SPEC    1: only a speculating server crashes
   FAKE_ENGINE_PID_DIR       writes <pid>.pid there for itself and its helper child
   FAKE_ENGINE_CHILD         1: forks a helper process that lives as long as it (vLLM's engine core)
+  FAKE_ENGINE_OLD           1: has no --per-request-spec-decode-metrics (a vLLM before 0.32)
   FAKE_ENGINE_IGNORE_TERM   1: ignores SIGTERM, noting it in <pid>.term (the launcher must SIGKILL it)
   FAKE_ENGINE_STEP_DELAY    seconds per step (default 0.002)
   FAKE_ENGINE_SLOWDOWN_FILE a file holding a factor; each start reads it, multiplies its step delay by
@@ -45,7 +46,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--model")
     parser.add_argument("--model-path")
     parser.add_argument("--speculative-config")
-    parser.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"))
+    if ENV("FAKE_ENGINE_OLD") != "1":         # FAKE_ENGINE_OLD=1: a vLLM before 0.32, without the flag
+        parser.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"))
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-num-draft-tokens", type=int)
     parser.add_argument("--speculative-num-steps", type=int)
@@ -53,7 +55,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--max-model-len", type=int)
     args = parser.parse_args()
-    if args.per_request_spec_decode_metrics not in (None, "none") and not args.speculative_config:
+    per_request = getattr(args, "per_request_spec_decode_metrics", None)
+    if per_request not in (None, "none") and not args.speculative_config:
         parser.exit(1, "ValueError: --per-request-spec-decode-metrics requires speculative decoding "
                        "to be enabled (via --speculative-config).\n")
     return args
@@ -87,7 +90,8 @@ def main() -> None:
     time.sleep(float(ENV("FAKE_ENGINE_START_DELAY", "0.2")))
     delay = float(ENV("FAKE_ENGINE_STEP_DELAY", "0.002")) * slowdown()
     model = args.model or args.model_path or next((w for w in args.words if w != "serve"), "fake")
-    handler = make_handler(model, draft_k(args), args.per_request_spec_decode_metrics == "summary", delay)
+    handler = make_handler(model, draft_k(args), getattr(args, "per_request_spec_decode_metrics", None) == "summary",
+                           delay)
     server = ThreadingHTTPServer((args.host, args.port), handler)
     server.daemon_threads = True
     print(f"fake engine serving on {args.host}:{args.port}", flush=True)

@@ -215,3 +215,18 @@ def test_dry_run_prints_every_command_and_launches_nothing(tmp_path, fake):
     assert [line.split(":")[0] for line in lines] == ["off", "ngram-k4"]
     assert all(line.split(": ", 1)[1].startswith("VLLM_CPU_OMP_THREADS_BIND=0 taskset -c 0 ") for line in lines)
     assert "--speculative-config" in lines[1] and not pids(fake) and not (tmp_path / "results").exists()
+
+
+def test_an_engine_without_per_request_acceptance_is_relaunched_without_it(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_OLD", "1")
+    outcome = evaluate(run_config(tmp_path, concurrency="1"), argv=[], launch=settings(pairing="side-by-side"))
+    run = json.loads((outcome.results_dir / "run.json").read_text())
+    ngram = run["launch"]["servers"][1]
+    assert ngram["per_request_metrics"] is False and "--per-request-spec-decode-metrics" not in ngram["argv"]
+    assert "unrecognized arguments: --per-request-spec-decode-metrics summary" in ngram["per_request_refused"]
+    records = [r for r in read_records(outcome.results_dir) if not r.warmup and r.arm == "ngram-k4"]
+    assert records and not any(r.error for r in records) and all(r.drafts is None for r in records)
+    assert any(entry["arm"] == "ngram-k4" and entry["drafts"] for entry in run["server_acceptance"])
+    summary = outcome.report.summary_md.read_text()
+    assert "The engine refused per-request acceptance" in summary
+    assert "Acceptance of ngram-k4 comes from the server's Prometheus counters" in summary

@@ -164,7 +164,7 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
     if pool is not None:
         model = f"{pool.settings.model} on {pool.settings.engine}"
         by_name.update((target.name, target) for target in pool.targets(
-            api=config.api, model=config.served_model or pool.settings.model, temperature=config.temperature,
+            api=config.api, model=config.served_model, temperature=config.temperature,
             timeout=config.request_timeout, headers=headers))
     if local:
         from specwise.bench.load.targets.engine import build_engine_targets

@@ -9,20 +9,24 @@ Pairing, chosen and stated (run.json "launch", the report):
                 warmed up (the runner's warm-up requests, excluded from figures); a fresh
                 start also starts with empty caches. The schedule's rounds become blocks:
                 A | B B | A A | B ... Restarts are counted.
+An engine that refuses per-request acceptance (vLLM before 0.32) is relaunched without it:
+acceptance then comes from its Prometheus counters (side by side only), and the report says so.
 A server that exits mid-run ends its requests as errors ("server of arm X exited (code N)")
 and the run goes on (--on-server-exit continue; in blocks the next block restarts it) or
 stops with what finished kept (--on-server-exit stop).
 """
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
 from specwise.bench.inputs.request import WorkloadRequest
-from specwise.bench.launch.command import ServerCommand, build_command, check_cores, free_port, split_sets
-from specwise.bench.launch.server import LaunchedServer, engine_version
+from specwise.bench.launch.command import (PER_REQUEST_METRICS, ServerCommand, build_command, check_cores, free_port,
+                                           split_sets)
+from specwise.bench.launch.server import LaunchError, LaunchedServer, engine_version
 from specwise.bench.load.arms import ArmSpec
 from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, TargetError
 from specwise.bench.load.targets.http import HttpTarget
@@ -96,15 +100,37 @@ class ServerPool:
             server.stop()
         if not self.side_by_side and self.current not in (None, name):
             self.servers[self.current].stop()
-        server.start()
         entry = self.entry(name)
-        entry["starts"] = server.starts
-        self.info["restarts"] = sum(s.starts for s in self.servers.values()) - len(self.servers)
-        await server.wait_ready(self.settings.start_timeout)
+        try:
+            await self._start(server, entry)
+        except LaunchError as error:
+            if PER_REQUEST_METRICS[0] not in server.command.argv or PER_REQUEST_METRICS[0] not in str(error):
+                raise
+            self._without_per_request_metrics(name, str(error))     # an engine older than vLLM 0.32
+            server = self.servers[name]
+            await self._start(server, entry)
         self.current = name
         if entry["version"] is None:
             entry["version"] = await engine_version(server.command.url)
         return True
+
+    async def _start(self, server: LaunchedServer, entry: dict) -> None:
+        server.start()
+        entry["starts"] = server.starts
+        self.info["restarts"] = sum(e["starts"] for e in self.info["servers"]) - len(self.servers)
+        await server.wait_ready(self.settings.start_timeout)
+
+    def _without_per_request_metrics(self, name: str, error: str) -> None:
+        """The engine refused per-request acceptance: relaunch without it (Prometheus deltas instead)."""
+        old = self.servers[name]
+        argv = [word for word in old.command.argv if word not in PER_REQUEST_METRICS]
+        command = dataclasses.replace(old.command, argv=argv)
+        self.commands[name] = command
+        self.servers[name] = LaunchedServer(command, old.log_path)
+        self.servers[name].starts = old.starts
+        entry = self.entry(name)
+        entry.update(command=command.text(), argv=argv, per_request_metrics=False,
+                     per_request_refused=error)
 
     def note_exit(self, name: str) -> dict | None:
         """Record that `name`'s server has exited (once per start); the entry, or None if it runs."""
@@ -136,9 +162,15 @@ class LaunchedTarget:
         self.name, self.method, self.pool, self.http = spec.name, spec.method, pool, http
 
     async def start(self) -> None:
+        await self.http.start()
         if self.pool.side_by_side:
             await self.pool.ensure_up(self.name)
-        await self.http.start()
+            await self._name_model()
+
+    async def _name_model(self) -> None:
+        """No --served-model: the model the server lists first (an --engine-args name included)."""
+        if self.http.model is None:
+            self.http.model = await self.http.first_model()
 
     async def activate(self) -> bool:
         """Blocks: bring this arm's server up (True when it was started: the runner warms it up)."""
@@ -147,7 +179,9 @@ class LaunchedTarget:
             raise ServerExited(self._exit_text(exited) + "; stopped (--on-server-exit stop)")
         if self.pool.side_by_side:
             return False
-        return await self.pool.ensure_up(self.name)
+        started = await self.pool.ensure_up(self.name)
+        await self._name_model()
+        return started
 
     async def close(self) -> None:
         await self.http.close()

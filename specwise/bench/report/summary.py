@@ -235,6 +235,11 @@ def launch_notes(run: dict) -> list[str]:
              f"{launch['pairing']}{restarts}. " + " ".join(
                  f"{server['arm']}: `{server['command']}` (log: {server['log']}, {server['starts']} start(s))."
                  for server in servers)]
+    refused = [server["arm"] for server in servers if server.get("per_request_refused")]
+    if refused:
+        notes.append(f"The engine refused per-request acceptance (--per-request-spec-decode-metrics, vLLM 0.32 on) "
+                     f"for {', '.join(refused)}: relaunched without it; their acceptance comes from the server's "
+                     "Prometheus counters where the pairing kept them (side by side), else it is unknown.")
     for server in servers:
         for exit_ in server.get("exits", []):
             notes.append(f"The server of {server['arm']} exited mid-run (exit code {exit_['code']}, start "

@@ -54,7 +54,7 @@ class HttpTarget:
             timeout=httpx.Timeout(self.timeout, connect=10.0), headers=self.headers,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         if self.model is None:
-            self.model = await self._first_model()
+            self.model = await self.first_model()
 
     async def activate(self) -> None:
         pass
@@ -128,7 +128,7 @@ class HttpTarget:
             body.update(ignore_eos=True, min_tokens=request.max_tokens)
         return body
 
-    async def _first_model(self) -> str | None:
+    async def first_model(self) -> str | None:
         try:
             response = await self._client.get(f"{self.root}/v1/models", timeout=10.0)
             return response.json()["data"][0]["id"]
