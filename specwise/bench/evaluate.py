@@ -121,7 +121,10 @@ def _measure(config, engine_config, plan, specs, baseline, results_dir, schedule
     except LaunchError as error:
         info["launch_error"] = str(error)
         write_run_info(results_dir, info)
-        raise
+        report = _report_what_finished(results_dir)
+        if report is None:          # before anything was measured: the error is the whole story
+            raise
+        return Outcome(results_dir, report, stopped=str(error))     # a restart in blocks failed
     finally:
         view.close()
         if arms.shutdown is not None:
