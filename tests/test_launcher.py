@@ -230,3 +230,12 @@ def test_an_engine_without_per_request_acceptance_is_relaunched_without_it(tmp_p
     summary = outcome.report.summary_md.read_text()
     assert "The engine refused per-request acceptance" in summary
     assert "Acceptance of ngram-k4 comes from the server's Prometheus counters" in summary
+
+
+def test_blocks_share_the_duration(tmp_path, fake, monkeypatch):
+    """--duration D in blocks: each block sends for at most D / blocks, so every block runs."""
+    monkeypatch.setenv("FAKE_ENGINE_STEP_DELAY", "0.02")
+    config = run_config(tmp_path, concurrency="1", num_requests=40, max_tokens=16, duration=1.0)
+    outcome = evaluate(config, argv=[], launch=settings(blocks=2))
+    measured = [r for r in read_records(outcome.results_dir) if not r.warmup]
+    assert {(r.arm, r.round) for r in measured} == {(arm, block) for arm in ("off", "ngram-k4") for block in (0, 1)}

@@ -11,7 +11,8 @@ launched server in blocks is started, then warmed up) and serves the round's req
 Bounds, per arm and load point: --duration D gives each arm D seconds of sending over
 the point's rounds; requests still running when its time there reaches 2D are cut off
 (counted in run.json "cut_off"). A closed-loop point always measures its first wave.
-No round starts once an arm's time is spent. With --precision, rounds go on past the
+No round starts once an arm's time is spent. In blocks (launched servers, one at a time) each
+block sends for at most D / blocks seconds, so the blocks share an arm's time. With --precision, rounds go on past the
 planned requests (the order cycles) until every compared ratio's interval is narrow
 enough (bench/stats/precision.py), or the time or --num-requests cap is reached.
 With a schedule's settle S, an arm that serves right after another first waits S seconds (a
@@ -134,6 +135,8 @@ class Runner:
         send_limit = None if duration is None else duration - arm["used"]
         if send_limit is not None and send_limit <= 0:
             return
+        if send_limit is not None and self.schedule.kind == "blocks":
+            send_limit = min(send_limit, duration / self.schedule.blocks)   # every block gets its share
         await self._settle(target)
         self.view.point_started(target.name, point, len(requests))
         slot = Slot(point.kind, point.value, self.run_start, round=index)
