@@ -24,7 +24,7 @@ from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import load_drafter, read_drafter_config, target_signature
 from specwise.models.loader import build_model, load_checkpoint
-from specwise.models.quantize import compute_dtype
+from specwise.models.capabilities import compute_dtype
 from specwise.train.acceptance import held_out_acceptance
 from specwise.train.data import build_corpus, data_key
 from specwise.train.eagle import EagleObjective, active_vocabulary

@@ -41,7 +41,8 @@ def run_generate(args) -> int:
     if args.chat is not None:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
                  [{"role": "user", "content": args.chat}]
-    engine.add_request(prompt, params)
+    engine.add_request(prompt, params)                          # a bad prompt fails here, alone on stderr
+    print(f"specwise: engine: {engine.kernel_line}", file=sys.stderr, flush=True)
     started, first_token_at, num_tokens = time.perf_counter(), None, 0
     while engine.has_unfinished():
         for output in engine.step():
@@ -93,6 +94,7 @@ def run_calibrate(args) -> int:
              (args.context_lens, "--context-lens"))]
     prefill_tokens = parse_int_list(args.prefill_tokens, "--prefill-tokens") if args.prefill_tokens.strip() else []
     engine = LLMEngine(dataclass_from_args(EngineConfig, args))
+    print(f"specwise: engine: {engine.kernel_line}", file=sys.stderr, flush=True)
     if max(axes[2]) + max(axes[1]) > engine.max_model_len:
         raise ConfigError(f"--context-lens + --tokens-per-seq exceed the context window ({engine.max_model_len})")
     if not 0 < args.prefill_prompt_len <= engine.max_model_len:

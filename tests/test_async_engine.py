@@ -7,6 +7,7 @@ import pytest
 
 from conftest import TINY_ENGINE
 from specwise.engine.async_engine import AsyncEngine
+from specwise.engine.fault_isolation import EngineDead
 from specwise.engine.llm import LLM
 from specwise.errors import InputError
 from specwise.sampling_params import SamplingParams
@@ -112,7 +113,7 @@ def test_a_bad_request_raises_in_the_caller(async_engine):
     assert async_engine.num_in_flight == 0
 
 
-def test_a_failed_step_fails_its_requests_and_the_engine_carries_on(async_engine, monkeypatch):
+def test_a_request_whose_work_raises_fails_and_the_engine_carries_on(async_engine, monkeypatch):
     runner = async_engine.engine.runner
 
     def broken(*args, **kwargs):
@@ -120,7 +121,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_carries_on(async_engine
 
     with monkeypatch.context() as patch:
         patch.setattr(runner, "execute", broken)
-        with pytest.raises(RuntimeError, match="engine step failed: boom"):
+        with pytest.raises(RuntimeError, match="the engine failed this request: RuntimeError: boom"):
             asyncio.run(collect(async_engine, "abc", SamplingParams(temperature=0, max_tokens=5)))
     assert_all_blocks_free(async_engine)
     stream = asyncio.run(collect(async_engine, "abc", SamplingParams(temperature=0, max_tokens=5)))
@@ -212,3 +213,60 @@ def test_a_failed_build_raises_in_the_caller():
 
     with pytest.raises(InputError, match="no such model"):
         AsyncEngine(build)
+
+
+def test_a_fault_no_request_can_be_blamed_for_kills_the_engine(async_engine, monkeypatch):
+    """The model raising for every request of a step: every stream ends with EngineDead, new requests are
+    refused at once, and the on_dead callbacks hear why."""
+    reasons = []
+    async_engine.on_dead.append(reasons.append)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the model is broken")
+
+    async def main():
+        async_engine.lock.acquire()                 # both requests join the same step
+        streams = [asyncio.ensure_future(collect(async_engine, prompt, long_request())) for prompt in ("a", "b")]
+        for _ in range(PATIENCE_S * 100):
+            if len(async_engine.inbox) == 2:
+                break
+            await asyncio.sleep(0.01)
+        async_engine.lock.release()
+        return await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), PATIENCE_S)
+
+    monkeypatch.setattr(async_engine.engine.runner, "execute", broken)
+    results = asyncio.run(main())
+    assert all(isinstance(result, EngineDead) and "the model is broken" in str(result) for result in results)
+    assert len(reasons) == 1 and "every request of the step failed" in reasons[0]
+    with pytest.raises(EngineDead):
+        asyncio.run(collect(async_engine, "abc", SamplingParams(max_tokens=3)))
+    with pytest.raises(EngineDead):
+        async_engine.call(lambda engine: None)
+
+
+def test_a_step_that_never_returns_is_found_by_the_watchdog(async_engine, monkeypatch):
+    """check_progress on a fake clock: a step running past the watchdog's limit kills the engine and
+    ends the stream waiting on it, though the step thread (holding the engine lock) never comes back."""
+    release = threading.Event()
+    step = async_engine.engine.step
+    monkeypatch.setattr(async_engine.engine, "step", lambda: (release.wait(), step())[1])
+
+    async def main():
+        stream = asyncio.ensure_future(collect(async_engine, "abc", long_request()))
+        for _ in range(PATIENCE_S * 100):
+            if async_engine.busy_since is not None:
+                break
+            await asyncio.sleep(0.01)
+        started = async_engine.busy_since
+        async_engine.check_progress(5.0, now=started + 4.9)
+        assert async_engine.dead is None
+        async_engine.check_progress(5.0, now=started + 5.1)
+        return await asyncio.wait_for(asyncio.gather(stream, return_exceptions=True), PATIENCE_S)
+
+    try:
+        [result] = asyncio.run(main())
+        assert isinstance(result, EngineDead) and "watchdog" in str(result)
+    finally:
+        release.set()
+    async_engine.thread.join(PATIENCE_S)
+    assert not async_engine.thread.is_alive()            # a dead engine steps no more

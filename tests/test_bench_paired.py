@@ -75,7 +75,7 @@ def test_no_difference_at_small_n_is_cant_tell_never_pays():
 
 def test_a_true_1_3x_pays_once_n_is_large_enough():
     small = calls(synthetic(4, 1.3, 1, noise=0.4), 1)
-    assert small.calls[1] == UNSURE and small.more_requests[1] >= 1
+    assert small.calls[1] == UNSURE and small.more_requests[1].count == 1      # 5 pairs give an interval
     assert "more requests per arm would decide" in small.verdict
     large = calls(synthetic(200, 1.3, 1, noise=0.4), 1)
     assert large.calls[1] == PAYS and large.intervals[1][0] >= 1.05

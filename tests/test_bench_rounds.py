@@ -26,6 +26,7 @@ from specwise.bench.report.summary import summarize
 from specwise.bench.results import read_records
 from specwise.bench.stats.precision import PrecisionCheck
 from specwise.errors import ConfigError
+from specwise.models.capabilities import compute_dtype, cpu_capabilities, linear_path
 
 WORKLOAD = [WorkloadRequest(f"{category}-{i}", category, prompt="p", max_tokens=4)
             for category in ("code", "chat", "math") for i in range(4)]
@@ -181,6 +182,13 @@ def test_methods_and_endpoints_in_one_run(tmp_path):
     assert all(len([r for r in records if r.arm == arm]) == 4 for arm in ("off", "ngram-1-3-k2", "vllm-ngram"))
     run_json = json.loads((outcome.results_dir / "run.json").read_text())
     assert run_json["schedule"]["kind"] == "interleaved" and run_json["baseline"] == "off"
+    # what the in-process engine ran, as the start-up line says it, is kept and shown in the report
+    dtype = compute_dtype("auto", "cpu")
+    assert run_json["kernels"]["dtype"] == str(dtype).removeprefix("torch.") and not run_json["kernels"]["compiled"]
+    assert run_json["kernels"]["linears"] == linear_path(dtype, "none", "cpu")
+    assert run_json["kernels"]["cpu"]["isa"] == cpu_capabilities().isa
+    assert f"- engine: {run_json['kernels']['dtype']}, linears: {linear_path(dtype, 'none', 'cpu')}, eager" in \
+        (outcome.results_dir / "summary.md").read_text()
 
 
 def test_an_endpoint_may_not_reuse_a_method_arm_name(tmp_path):

@@ -3,6 +3,7 @@
 import pytest
 
 from specwise.cli import main
+from specwise.models.capabilities import compute_dtype, describe_kernels
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
 
 SMALL = ["--num-kv-blocks", "32", "--max-model-len", "64", "--max-num-batched-tokens", "64"]
@@ -32,6 +33,9 @@ def test_good_flags_generate(capsys, model_dir):
     status, out, err = run(capsys, "--model", model_dir, "--prompt", "hi", "--max-tokens", "4",
                            "--temperature", "0", *SMALL)
     assert status == 0 and "4 tokens in" in err
+    # the start-up line names the dtype and kernel path that ran
+    dtype = compute_dtype("auto", "cpu")
+    assert f"specwise: engine: {describe_kernels(dtype, 'none', 'cpu')}, eager\n" in err
 
 
 def test_missing_model_path(capsys, tmp_path):

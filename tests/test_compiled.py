@@ -16,9 +16,12 @@ On a tiny random fp32 target:
 import pytest
 import torch
 
+from capability_marks import needs_cxx
 from specwise.engine.llm import LLM
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
+
+pytestmark = needs_cxx          # inductor writes and builds C++
 
 ENGINE = dict(dtype="float32", num_kv_blocks=256, block_size=4, max_model_len=128, max_num_batched_tokens=512)
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "x",

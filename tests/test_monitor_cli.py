@@ -4,6 +4,7 @@ log, the webhook, the dashboard and the Prometheus alerting rules."""
 
 import io
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -138,6 +139,32 @@ def test_once_with_a_state_file_continues_between_runs(tmp_path):
     assert json.loads(state.read_text())["targets"][URL]["detector"]["alarmed"] is True
 
 
+def test_once_without_state_shows_the_lifetime_figures_before_waiting_the_window():
+    """The first scrape of a real vLLM page prints the server's figures since it started at once;
+    the window's line comes after the (fake) --interval sleep."""
+    data = Path(__file__).parent / "data"
+    servers = FakeServers([(data / "vllm-0.32-cpu-ngram-metrics.txt").read_text(),
+                           (data / "vllm-0.32-cpu-ngram-metrics-later.txt").read_text()])
+    clock, out, shown_before_sleeping = FakeClock(), Console(file=io.StringIO(), width=300), []
+
+    def sleep(seconds):
+        shown_before_sleeping.append((seconds, servers.served, out.file.getvalue()))
+        clock.sleep(seconds)
+
+    config = MonitorConfig(metrics_url=[URL], once=True, interval=60)
+    assert run_monitor(config, out, clock=clock, sleep=sleep, transport=httpx.MockTransport(servers)) == 0
+    [(seconds, scrapes, before)] = shown_before_sleeping
+    assert seconds == 60 and scrapes == 1 and servers.served == 2
+    assert before.splitlines() == [
+        f"{URL} (vllm, since the server started): acceptance 0.593, mean length 3.37, per position "
+        "0.74 0.61 0.54 0.47, drafts/step 0.41, concurrency 0, drafts 2583 (10332 draft tokens, 6125 accepted), "
+        "output tokens 12379",
+        f"{URL}: the first window's figures follow in 60 s, at the next scrape"]
+    after = out.file.getvalue()[len(before):].splitlines()
+    assert after == [f"{URL} (vllm, 60 s): acceptance 0.600, mean length 3.40, per position 0.80 0.60 0.50 0.50, "
+                     "drafts/step 1.00, concurrency 3, output tok/s 5.7"]
+
+
 def test_failed_scrapes_are_reported_and_exit_3(capsys):
     code = main(["monitor", "--metrics-url", "http://127.0.0.1:9/metrics", "--max-windows", "2",
                  "--interval", "0.01", "--timeout", "2", "--no-dashboard"])
@@ -172,6 +199,7 @@ def test_live_dashboard_renders(tmp_path):
     code, _, text = monitor(pages([0.6] * 6), console=console, dashboard=True, baseline_windows=5, max_windows=6,
                             break_even=1)
     assert "specwise monitor: window 6" in text and "0.600 (0.600)" in text and "TOO BUSY" in text
+    assert "since the server started; first window in 60 s" in text           # the first frame, at once
     assert code == 1
 
 

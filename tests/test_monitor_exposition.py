@@ -8,7 +8,7 @@ import pytest
 
 from specwise.monitor.exposition import ExpositionError, parse_snapshot
 from specwise.monitor.scrape import ScrapeError, scrape
-from specwise.monitor.window import window_between
+from specwise.monitor.window import since_start, window_between
 
 DATA = Path(__file__).parent / "data"
 VLLM = (DATA / "vllm-0.32-cpu-ngram-metrics.txt").read_text()
@@ -81,6 +81,17 @@ def test_pages_it_cannot_use_give_one_line_messages(page, message):
     assert "\n" not in str(error.value)
 
 
+def test_a_first_scrape_gives_the_lifetime_figures():
+    """What --once shows at once: the counters as read, i.e. a window from zero, with no duration."""
+    lifetime = since_start("u", parse_snapshot(VLLM, 10.0))
+    assert (lifetime.stats.drafts, lifetime.stats.draft_tokens, lifetime.stats.accepted_tokens) == (2583, 10332, 6125)
+    assert round(lifetime.acceptance_rate, 3) == 0.593 and round(lifetime.mean_acceptance_length, 2) == 3.37
+    assert lifetime.per_position_acceptance == pytest.approx([1910 / 2583, 1588 / 2583, 1403 / 2583, 1224 / 2583])
+    assert lifetime.drafts_per_step == pytest.approx(2583 / (12379 - 6125))
+    assert lifetime.generation_tokens == 12379 and lifetime.output_tokens_per_s is None
+    assert not lifetime.reset and not lifetime.notes
+
+
 def test_sglang_gauges_are_reported_as_read():
     page = ("# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{tp_rank=\"0\"} 0.55\n"
             "# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{tp_rank=\"0\"} 3.2\n"
@@ -92,6 +103,8 @@ def test_sglang_gauges_are_reported_as_read():
     window = window_between("u", first, second)
     assert window.acceptance_rate == 0.5 and window.mean_acceptance_length == 3.2
     assert window.generation_tokens == 300 and window.running == 7
+    lifetime = since_start("u", first)                                  # the server's own averages, as read
+    assert (lifetime.acceptance_rate, lifetime.mean_acceptance_length, lifetime.stats) == (0.55, 3.2, None)
 
 
 def test_unreachable_url_is_a_scrape_error():

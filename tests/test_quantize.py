@@ -7,8 +7,9 @@ from torch import nn
 
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError
-from specwise.models import quantize
-from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear, pack_weights
+from specwise.models import capabilities
+from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear, bf16_linear, pack_weights
+from capability_marks import needs_onednn_bf16, pretend_missing
 
 # relative Frobenius error of the output against x @ W.T in fp32, per format (inputs ~N(0, 1),
 # weights ~N(0, 0.05)): bf16 rounds activations and weights to 8 bits of mantissa; int8 and int4
@@ -20,7 +21,7 @@ def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
     return float((ours.float() - reference).norm() / reference.norm())
 
 
-@pytest.mark.parametrize("kind", [OneDNNLinear, Int8Linear, Int4Linear])
+@pytest.mark.parametrize("kind", [pytest.param(OneDNNLinear, marks=needs_onednn_bf16), Int8Linear, Int4Linear])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_each_kernel_matches_a_plain_matmul(kind, rows):
     generator = torch.Generator().manual_seed(rows)
@@ -54,7 +55,8 @@ class TwoLinears(nn.Module):
         self.lm_head = nn.Linear(64, 32, bias=False)
 
 
-@pytest.mark.parametrize("quantization, kinds", [("none", (OneDNNLinear, OneDNNLinear)),
+@pytest.mark.parametrize("quantization, kinds", [pytest.param("none", (OneDNNLinear, OneDNNLinear),
+                                                              marks=needs_onednn_bf16),
                                                  ("int8", (Int8Linear, Int8Linear)),
                                                  ("int4", (Int4Linear, Int8Linear))])
 def test_pack_weights_swaps_every_linear_and_keeps_the_head_at_int8(quantization, kinds):
@@ -100,6 +102,53 @@ def test_default_model_logits_stay_near_fp32(dtype, quantization, compile, bound
 
 @pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_dtype_follows_the_cpus_bf16_instructions(monkeypatch, native, expected):
-    monkeypatch.setattr(quantize, "_cpu_has_native_bf16", lambda: native)
-    assert quantize.compute_dtype("auto", "cpu") == expected
-    assert quantize.compute_dtype("float32", "cpu") == torch.float32
+    caps = capabilities.cpu_capabilities()
+    monkeypatch.setattr(capabilities, "cpu_capabilities",
+                        lambda: capabilities.Capabilities(**dict(caps.to_dict(), native_bf16=native)))
+    assert capabilities.compute_dtype("auto", "cpu") == expected
+    assert capabilities.compute_dtype("float32", "cpu") == torch.float32
+
+
+# ----------------------------------------------------------------------------- fallbacks where a kernel is missing
+
+
+@pytest.mark.parametrize("kind, capability", [(Int8Linear, "int8_kernel"), (Int4Linear, "int4_kernel")])
+def test_a_missing_weight_kernel_falls_back_to_the_same_outputs(monkeypatch, capsys, kind, capability):
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(96, 128, generator=generator) * 0.05
+    bias = torch.randn(96, generator=generator)
+    x = torch.randn(5, 128, generator=generator).to(torch.bfloat16)
+    with_kernel = kind(weight, bias)
+    assert with_kernel.kernel                       # this CPU has it (the probe ran); else the comparison is moot
+    pretend_missing(monkeypatch, capability)
+    fallback, second = kind(weight, bias), kind(weight, bias)
+    assert not fallback.kernel
+    # the same quantized weights, another summation order: within bf16 rounding of each other
+    assert relative_error(fallback(x), with_kernel(x).float()) < 0.01
+    assert relative_error(fallback(x), x.float() @ weight.T + bias) < BOUNDS[kind]
+    assert second(x.expand(2, 5, 128)).shape == (2, 5, 96)
+    assert capsys.readouterr().err.count("does not run on this CPU") == 1       # said once, not per layer
+
+
+def test_bf16_without_onednn_keeps_plain_linears_with_the_same_outputs(monkeypatch):
+    model = TwoLinears().to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    reference = model.proj(x).float()
+    pretend_missing(monkeypatch, "onednn_bf16")
+    packed = pack_weights(model, torch.bfloat16, "none", "cpu")
+    assert type(packed.proj) is nn.Linear and type(packed.lm_head) is nn.Linear
+    assert torch.equal(packed.proj(x).float(), reference)
+    head = bf16_linear(model.lm_head.weight.float())
+    assert type(head) is nn.Linear and head.weight.dtype == torch.bfloat16
+    assert relative_error(head(x), x.float() @ model.lm_head.weight.float().T) < BOUNDS[OneDNNLinear]
+
+
+def test_the_start_up_words_name_the_path_each_capability_gives(monkeypatch):
+    assert "oneDNN packed" in capabilities.linear_path(torch.bfloat16, "none", "cpu") or \
+        not capabilities.cpu_capabilities().onednn_bf16
+    pretend_missing(monkeypatch, "onednn_bf16", "int8_kernel")
+    assert capabilities.linear_path(torch.bfloat16, "none", "cpu") == "bf16 plain matmul (no oneDNN bf16 here)"
+    assert capabilities.linear_path(torch.bfloat16, "int8", "cpu") == "int8 dequantized per call, bf16 activations"
+    assert capabilities.linear_path(torch.bfloat16, "none", "cpu", compiled=True) == "bf16 inductor-compiled"
+    assert capabilities.describe_kernels(torch.float32, "none", "cpu").startswith("fp32, linears: fp32 PyTorch matmul (CPU ")
+    assert capabilities.compute_dtype("auto", "cpu") == torch.float32       # no oneDNN bf16: no native bf16 either

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("field, value", [("port", -1), ("port", 70_000), ("max_queue", -1), ("api_key", " "),
                                           ("max_body_bytes", 10), ("shutdown_timeout", -1), ("log_level", "loud"),
                                           ("host", ""), ("served_model_name", ""),
-                                          ("keep_alive_timeout", 0)])
+                                          ("keep_alive_timeout", 0), ("watchdog_timeout", -1)])
 def test_server_config_refuses_bad_values(field, value):
     with pytest.raises(ConfigError, match=field):
         ServerConfig(**{field: value})

@@ -60,6 +60,7 @@ class Arms:
     max_model_len: int | None
     model: str
     shutdown: object = None         # called when the run ends (the engine's step thread)
+    kernels: dict | None = None     # what the in-process engine runs (LLMEngine.kernels)
 
 
 def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
@@ -162,7 +163,7 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
           headers: dict, pool: ServerPool | None = None) -> Arms:
     """The targets, in the order of `specs`; in-process arms load the model (once)."""
     local = [spec for spec in specs if spec.url is None and spec.engine is None]
-    by_name, tokenizer, max_len, shutdown = {}, None, None, None
+    by_name, tokenizer, max_len, shutdown, kernels = {}, None, None, None, None
     model = config.served_model or "served by the endpoints"
     if pool is not None:
         model = f"{pool.settings.model} on {pool.settings.engine}"
@@ -175,6 +176,9 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
                                                                 config.temperature, config.seed, checkpoint)
         by_name.update((target.name, target) for target in targets)
         max_len, shutdown = async_engine.engine.max_model_len, async_engine.shutdown
+        kernels = async_engine.engine.kernels
+        eager_note = "" if kernels["compiled"] else " (`specwise serve` compiles by default: --compile measures that)"
+        print(f"specwise: engine: {async_engine.engine.kernel_line}{eager_note}", file=sys.stderr, flush=True)
         model = (engine_config and engine_config.model) or DEFAULT_MODEL_NAME
     if config.tokenizer and tokenizer is None:
         tokenizer = LocalTokenizer(config.tokenizer)
@@ -183,7 +187,8 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
             by_name[spec.name] = HttpTarget(name=spec.name, base_url=spec.url, method=spec.method, api=config.api,
                                             model=config.served_model, temperature=config.temperature,
                                             timeout=config.request_timeout, headers=headers)
-    return Arms(specs, [by_name[spec.name] for spec in specs], tokenizer, max_len, model, shutdown=shutdown)
+    return Arms(specs, [by_name[spec.name] for spec in specs], tokenizer, max_len, model, shutdown=shutdown,
+                kernels=kernels)
 
 
 def _baseline(config: EvaluateConfig, specs: list[ArmSpec]) -> str:
@@ -219,6 +224,7 @@ def _run_info(config: EvaluateConfig, engine_config: EngineConfig, plan: Plan, a
                      "throughput_floor": config.throughput_floor, "confidence": config.confidence,
                      "precision": config.precision},
         "engine": dataclasses.asdict(engine_config) if in_process and engine_config else None,
+        "kernels": arms.kernels,
         "config": dict(dataclasses.asdict(config), api_key=None),
     }
 

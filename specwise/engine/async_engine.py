@@ -16,21 +16,33 @@ parallel work its own pool of worker threads, and once the pools hold more threa
 are cores, their workers stop spinning between parallel regions. A model loaded on the main
 thread and stepped on this one made decode steps 1.5x slower on two cores (53-66 ms against
 36-40 ms at batch 1, default model, bf16).
+
+Failures: a request the step fails (finish reason "error", fault_isolation.py) ends its stream with
+RuntimeError naming the reason; the others carry on. The engine is **dead** when its step raises
+(a fault it could not attribute: EngineDead), the step thread ends, or, with a watchdog, one turn
+of the step thread (its inbox, then a step) runs longer than `watchdog_s`: every stream in flight
+ends with EngineDead at once, new requests are refused with it, and the `on_dead` callbacks run
+(the server exits so that a supervisor restarts it).
 """
 
 import asyncio
 import collections
+import logging
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 from typing import AsyncIterator, Callable, TypeVar
 
+from specwise.engine.fault_isolation import EngineDead, describe
 from specwise.engine.llm_engine import LLMEngine, Prompt
 from specwise.engine.outputs import RequestOutput
 from specwise.errors import InputError
 from specwise.sampling_params import SamplingParams
 
 T = TypeVar("T")
+
+log = logging.getLogger("specwise.engine")
 
 
 class AsyncEngine:
@@ -40,6 +52,9 @@ class AsyncEngine:
         self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.work = threading.Event()
         self.stopping = False
+        self.dead: str | None = None           # why the engine cannot go on; None while it can
+        self.on_dead: list[Callable[[str], None]] = []    # called once, from whichever thread found it dead
+        self.busy_since: float | None = None      # time.monotonic() at which the step thread's current turn began
         # ("add", id, token_ids, params, tenant) | ("abort", id) | ("call", fn, future)
         self.inbox: collections.deque[tuple] = collections.deque()
         self.inbox_lock = threading.Lock()     # held only to append, or to close the inbox at shutdown
@@ -55,8 +70,7 @@ class AsyncEngine:
         token_ids = await asyncio.to_thread(self.engine.prepare, prompt)
         queue: asyncio.Queue = asyncio.Queue()
         with self.inbox_lock:
-            if self.stopping:
-                raise RuntimeError("the engine is shut down")
+            self._check_open()
             if request_id in self.queues:
                 raise InputError(f"request id {request_id!r} is already in flight")
             self.queues[request_id] = (asyncio.get_running_loop(), queue)
@@ -85,15 +99,38 @@ class AsyncEngine:
         thread but the step thread) and returns its result or raises its exception."""
         done: Future = Future()
         with self.inbox_lock:
-            if self.stopping:
-                raise RuntimeError("the engine is shut down")
+            self._check_open()
             self.inbox.append(("call", fn, done))
         self.work.set()
         return done.result()
 
+    def _check_open(self) -> None:
+        if self.dead is not None:
+            raise EngineDead(f"the engine is dead: {self.dead}")
+        if self.stopping:
+            raise RuntimeError("the engine is shut down")
+
     @property
     def num_in_flight(self) -> int:
         return len(self.queues)
+
+    def start_watchdog(self, watchdog_s: float) -> None:
+        """Declare the engine dead when one turn of the step thread (the inbox, then a step) runs longer than
+        watchdog_s (checked 4 times a period)."""
+        def watch():
+            while self.dead is None and not self.stopping:
+                time.sleep(watchdog_s / 4)
+                self.check_progress(watchdog_s)
+        threading.Thread(target=watch, name="specwise-watchdog", daemon=True).start()
+
+    def check_progress(self, watchdog_s: float, now: float | None = None) -> None:
+        """Dead if the step thread's current turn began more than watchdog_s ago, or the step thread has ended."""
+        now = time.monotonic() if now is None else now
+        started = self.busy_since
+        if started is not None and now - started > watchdog_s:
+            self.die(f"one engine step has run for more than {watchdog_s:g} s (the watchdog's limit)")
+        elif not self.thread.is_alive() and not self.stopping:
+            self.die("the engine's step thread has ended")
 
     def _run(self, build: Callable[[], LLMEngine], built: Future) -> None:
         try:
@@ -102,13 +139,24 @@ class AsyncEngine:
             built.set_exception(error)
             return
         built.set_result(self.engine)
-        while not self.stopping:
+        try:
+            self._loop()
+        except BaseException as error:         # the step thread is the engine: without it nothing is served
+            self.die(f"the engine's step thread raised {describe(error)}")
+            raise
+
+    def _loop(self) -> None:
+        while not self.stopping and self.dead is None:
             with self.lock:
+                self.busy_since = time.monotonic()
                 self._take_inbox()
                 busy = self.engine.has_unfinished()
                 outputs = self._step() if busy else []
+                self.busy_since = None
             for output in outputs:
-                self._deliver(output.request_id, output)
+                failed = output.finish_reason == "error"
+                self._deliver(output.request_id,
+                              RuntimeError(f"the engine failed this request: {output.error}") if failed else output)
             if not busy:
                 # a request added after the check above has set the event: wait() returns at once
                 self.work.wait()
@@ -136,8 +184,8 @@ class AsyncEngine:
     def _step(self) -> list[RequestOutput]:
         try:
             return self.engine.step()
-        except Exception as error:          # a failed step fails its requests, not the server
-            self._fail_all(error)
+        except Exception as error:          # no request to blame (fault_isolation.py): the engine is dead
+            self.die(describe(error) if not isinstance(error, EngineDead) else str(error))
             return []
 
     def _deliver(self, request_id: str, item) -> None:
@@ -146,16 +194,33 @@ class AsyncEngine:
             loop, queue = entry
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-    def _fail_all(self, error: Exception) -> None:
-        for request_id in list(self.engine.requests):
-            self.engine.abort(request_id)
-            self._deliver(request_id, RuntimeError(f"engine step failed: {error}"))
-        self.engine.step()   # drain the abort outputs
+    def die(self, reason: str) -> None:
+        """Mark the engine dead: end every stream in flight and refuse new requests at once, without the engine
+        lock (a hung step holds it), then run the on_dead callbacks. Only the first call does anything."""
+        with self.inbox_lock:
+            if self.dead is not None:
+                return
+            self.dead = reason
+        log.error("the engine is dead: %s", reason)
+        error = EngineDead(f"the engine is dead: {reason}")
+        while self.inbox:
+            item = self.inbox.popleft()
+            if item[0] == "call":
+                item[2].set_exception(error)
+        for request_id in list(self.queues):
+            self._deliver(request_id, error)
+        self.work.set()
+        for callback in self.on_dead:
+            callback(reason)
 
     def shutdown(self) -> None:
-        """Abort whatever is in flight and stop the step thread."""
+        """Abort whatever is in flight and stop the step thread (a dead engine's may hang: not waited for)."""
         with self.inbox_lock:
             self.stopping = True
+        if self.dead is not None:
+            self.work.set()
+            self.thread.join(timeout=1)
+            return
         with self.lock:
             while self.inbox:
                 item = self.inbox.popleft()

@@ -6,25 +6,28 @@
         for output in engine.step(): ...
 """
 
+import logging
 import random
 import time
 import uuid
+from dataclasses import dataclass
 
 import torch
 
 
 from specwise.config import DECODE_STEP_TOKENS, EngineConfig
 from specwise.engine.block_manager import BlockManager
+from specwise.engine.fault_isolation import FailedSteps, describe, isolate
 from specwise.engine.model_runner import ModelRunner, kv_block_bytes
 from specwise.engine.output_processor import OutputProcessor
-from specwise.engine.outputs import RequestOutput
+from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.engine.sampling.grammar import GrammarCompiler
 from specwise.engine.sampling.logits_processors import LogitsProcessing
 from specwise.engine.scheduler import ScheduledBatch, Scheduler
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
-from specwise.models.quantize import compute_dtype
+from specwise.models.capabilities import compute_dtype, cpu_capabilities, describe_kernels, linear_path
 from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
@@ -33,6 +36,17 @@ from specwise.engine.spec_decode.grammar_drafts import fit_to_grammars
 from specwise.engine.spec_decode.metrics import SpecStats
 
 Prompt = str | list[int] | list[dict]
+
+log = logging.getLogger("specwise.engine")
+
+
+@dataclass
+class Computed:
+    """One sequence's share of a step, computed but not yet applied to it."""
+
+    tokens: list[int]                       # emitted (none for a prompt chunk short of the prompt's end)
+    num_drafted: int                        # drafted tokens verified (Proposal.num_drafted)
+    logprobs: list[TokenLogprob] | None     # of the emitted tokens, when the request asked
 
 
 class LLMEngine:
@@ -48,6 +62,12 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len, checkpoint.config.max_position_embeddings)
         self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len, config.quantization,
                                  config.compile)
+        # what runs, for start-up lines and run.json: "bf16, linears: bf16 oneDNN packed (CPU AVX512, x86_64)"
+        self.kernel_line = describe_kernels(self.dtype, config.quantization, config.device, config.compile) + \
+            (", compiled" if config.compile else ", eager")
+        self.kernels = {"dtype": str(self.dtype).removeprefix("torch."), "compiled": config.compile,
+                        "linears": linear_path(self.dtype, config.quantization, config.device, config.compile),
+                        "cpu": cpu_capabilities().to_dict()}
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_gb * 2**30 // kv_block_bytes(self.model, config.block_size, self.dtype))
         self.block_manager = BlockManager(num_blocks, config.block_size)
@@ -63,6 +83,7 @@ class LLMEngine:
         self.aborted: list[RequestOutput] = []
         self.rng = random.Random(config.seed)
         self.stats = SpecStats()
+        self.failed_steps = FailedSteps()
         self.proposer = None
         self.set_speculative(config.speculative, config.num_speculative_tokens)
 
@@ -156,14 +177,46 @@ class LLMEngine:
         if batch is None:
             return outputs
         self._set_threads(batch.num_tokens)
-        proposal = self._propose(batch)
-        started = time.perf_counter()
-        emitted = self.runner.execute(batch, proposal)
+        computed, faults = isolate(batch, self._compute)         # nothing committed yet (fault_isolation.py)
+        self.failed_steps.check(len(batch.seqs), faults)
+        return outputs + self._commit(batch, computed, faults)
+
+    def _compute(self, batch: ScheduledBatch) -> list[Computed]:
+        """Drafts, the forward and verification of one batch; changes nothing a retry of it would see."""
+        saved = self.runner.rng_states(batch.seqs)
+        try:
+            proposal = self._propose(batch)
+            started = time.perf_counter()
+            emitted = self.runner.execute(batch, proposal)
+        except Exception:
+            self.runner.restore_rng(batch.seqs, saved)
+            raise
         if proposal is not None:
             self.stats.verifying_seconds += time.perf_counter() - started
-        advanced = [self._advance(seq, tokens, batch, proposal, index)
-                    for index, (seq, tokens) in enumerate(zip(batch.seqs, emitted))]
-        return outputs + [output for output in advanced if output is not None]
+        return [Computed(tokens, 0 if proposal is None else proposal.num_drafted(index),
+                         self.runner.step_logprobs.pop(seq.seq_id, None))
+                for index, (seq, tokens) in enumerate(zip(batch.seqs, emitted))]
+
+    def _commit(self, batch: ScheduledBatch, computed: dict[int, Computed],
+                faults: dict[int, Exception]) -> list[RequestOutput]:
+        """Apply each sequence's computed share; a fault while applying it fails that request alone."""
+        outputs = []
+        for index, seq in enumerate(batch.seqs):
+            try:
+                output = (self._fail(seq, faults[index]) if index in faults else
+                          self._advance(seq, computed[index], batch.num_new_tokens[index]))
+            except Exception as error:
+                output = self._fail(seq, error)
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def _fail(self, seq: Sequence, error: Exception) -> RequestOutput:
+        reason = describe(error)
+        log.error("request %s failed in the engine step: %s", seq.request_id, reason, exc_info=error)
+        if not seq.is_finished:
+            self.scheduler.finish(seq, "error")
+        return self._output(seq, [], "", "error", error=reason)
 
     def _set_threads(self, num_tokens: int) -> None:
         """decode_threads for a step of at most DECODE_STEP_TOKENS tokens, num_threads for a larger one."""
@@ -201,20 +254,19 @@ class LLMEngine:
         self.policy.observe_drafting(seconds, num_drafting, max(batch.num_draft_tokens))
         return proposal
 
-    def _advance(self, seq: Sequence, emitted: list[int], batch: ScheduledBatch, proposal,
-                 index: int) -> RequestOutput | None:
+    def _advance(self, seq: Sequence, computed: Computed, num_new_tokens: int) -> RequestOutput | None:
+        emitted = computed.tokens
         if not emitted:                                  # a prompt chunk short of the prompt's end
-            seq.num_computed_tokens += batch.num_new_tokens[index]
+            seq.num_computed_tokens += num_new_tokens
             return None
-        num_drafted = 0 if proposal is None else proposal.num_drafted(index)
-        if num_drafted:
-            seq.spec.record(num_drafted, len(emitted) - 1)
-            self.stats.record(num_drafted, len(emitted) - 1)
-            self.policy.observe(num_drafted, len(emitted) - 1)
+        if computed.num_drafted:
+            seq.spec.record(computed.num_drafted, len(emitted) - 1)
+            self.stats.record(computed.num_drafted, len(emitted) - 1)
+            self.policy.observe(computed.num_drafted, len(emitted) - 1)
         seq.num_computed_tokens = len(seq) + len(emitted) - 1
         result = self.outputs.append(seq, emitted)
         self.runner.processing.accept(seq, result.new_token_ids)
-        logprobs = self.runner.step_logprobs.pop(seq.seq_id, None)
+        logprobs = computed.logprobs
         prompt_logprobs = self.runner.prompt_logprobs.pop(seq.seq_id, None)     # the first output only
         if result.finish_reason:
             self.scheduler.finish(seq, result.finish_reason)
@@ -224,14 +276,14 @@ class LLMEngine:
                             None if logprobs is None else logprobs[:len(result.new_token_ids)], prompt_logprobs)
 
     def _output(self, seq: Sequence, new_token_ids, new_text, finish_reason, logprobs=None,
-                prompt_logprobs=None) -> RequestOutput:
+                prompt_logprobs=None, error: str | None = None) -> RequestOutput:
         text = self.outputs.text(seq)
         if seq.is_finished:
             self.requests.pop(seq.request_id, None)
             self.outputs.remove(seq)
         return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, new_token_ids, text,
                              new_text, finished=seq.is_finished, finish_reason=finish_reason, spec=seq.spec.copy(),
-                             new_logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                             new_logprobs=logprobs, prompt_logprobs=prompt_logprobs, error=error)
 
     def _on_release(self, seq: Sequence) -> None:
         if self.proposer is not None:

@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from specwise.engine.fault_isolation import RequestFault
 from specwise.engine.outputs import TokenLogprob
 from specwise.engine.sampling.logits_processors import LogitsProcessing, Row
 from specwise.engine.sampling.rejection import (greedy_accept, rejection_sample, tree_greedy_accept,
@@ -244,6 +245,7 @@ class ModelRunner:
         if len(scored) < logits.shape[0]:
             logits = logits[torch.tensor(scored, device=self.device)]
         logits = self.processing.apply(logits, rows)                             # [sum(1 + k_i or nodes), vocab]
+        check_finite(logits, rows)
         num_scored = [1 + len(drafts) if tree is None else 1 + tree.num_nodes
                       for drafts, tree in zip(draft_token_ids, trees)]
         starts = [0, *itertools.accumulate(num_scored)]
@@ -341,6 +343,17 @@ class ModelRunner:
         sampling = SamplingTensors.from_params([seq.sampling_params for seq in seqs], q_len, self.device)
         return logits_to_probs(logits.reshape(-1, vocab_size), sampling).view(num_seqs, q_len, vocab_size)
 
+    def rng_states(self, seqs: list[Sequence]) -> dict[int, torch.Tensor]:
+        """The random streams of seqs that have one, to put back if their step is retried."""
+        return {seq.seq_id: self.generators[seq.seq_id].get_state() for seq in seqs if seq.seq_id in self.generators}
+
+    def restore_rng(self, seqs: list[Sequence], states: dict[int, torch.Tensor]) -> None:
+        for seq in seqs:
+            if seq.seq_id in states:
+                self.generators[seq.seq_id].set_state(states[seq.seq_id])
+            else:
+                self.generators.pop(seq.seq_id, None)        # made during the failed attempt: made afresh
+
     def generator(self, seq: Sequence) -> torch.Generator:
         if seq.seq_id not in self.generators:
             self.generators[seq.seq_id] = request_generator(seq.seed, self.device)
@@ -352,6 +365,15 @@ class ModelRunner:
             self.step_logprobs.pop(seq.seq_id, None)
             self.prompt_logprobs.pop(seq.seq_id, None)
             self.processing.release(seq)
+
+
+def check_finite(logits: torch.Tensor, rows: list[Row]) -> None:
+    """RequestFault naming the sequences with a row of processed logits [len(rows), vocab] whose maximum is not
+    finite: a NaN (the max propagates it), +inf, or every token masked. Sampling there would be garbage."""
+    finite = torch.isfinite(logits.amax(dim=-1)).tolist()
+    if not all(finite):
+        seqs = list({id(row.seq): row.seq for row, ok in zip(rows, finite) if not ok}.values())
+        raise RequestFault(seqs, "the target's logits have no finite maximum (a NaN, or every token masked)")
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], num_top: int) -> list[TokenLogprob]:

@@ -37,7 +37,7 @@ class OutputProcessor:
             table.pop(seq.seq_id, None)
 
     def text(self, seq: Sequence) -> str:
-        return self.texts[seq.seq_id]
+        return self.texts.get(seq.seq_id, "")      # "" once removed (a request failed part-way through finishing)
 
     def append(self, seq: Sequence, emitted: list[int]) -> StepResult:
         appended, reason = [], None

@@ -25,8 +25,9 @@ class RequestOutput:
     text: str                       # detokenized output so far (stop strings removed)
     new_text: str                   # text added in this step; never splits a UTF-8 character
     finished: bool
-    finish_reason: str | None       # "stop" (eos / stop token / stop string), "length", "abort"
+    finish_reason: str | None       # "stop" (eos / stop token / stop string), "length", "abort", "error"
     spec: SpecStats = field(default_factory=SpecStats)   # this request's drafts so far (a snapshot)
     new_logprobs: list[TokenLogprob] | None = None        # one per new token, when the request asked
     # with the first output of a request that asked: one per prompt token, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    error: str | None = None        # finish_reason "error": what this request's work raised (fault_isolation.py)

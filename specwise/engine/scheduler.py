@@ -43,6 +43,11 @@ class ScheduledBatch:
         seq = self.seqs[index]
         return seq.num_computed_tokens + self.num_new_tokens[index] == len(seq)
 
+    def subset(self, rows: list[int]) -> "ScheduledBatch":
+        """The batch of sequences `rows` alone, with their tokens and drafts (fault_isolation.py)."""
+        return ScheduledBatch([self.seqs[row] for row in rows], [self.num_new_tokens[row] for row in rows],
+                              [self.num_draft_tokens[row] for row in rows])
+
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens) + sum(self.num_draft_tokens)

@@ -13,6 +13,10 @@ weight bytes / memory bandwidth. Each format swaps the model's Linear layers for
 int8 and int4 run with bfloat16 activations: with fp32 activations these kernels fall back
 to scalar code, 3-100x slower than fp32 matmuls (measured on an AVX-512 CPU, torch 2.13).
 
+Where a kernel does not run on this CPU (capabilities.py probes each once), the layer takes a path
+that works everywhere: bf16 layers stay plain nn.Linear; int8 and int4 layers keep their weights
+unpacked and dequantize them at each call (the same numbers as the kernel, within bf16 rounding).
+
 Worked example (int4, one group of 4 for brevity): weights [0.1, 0.5, -0.3, 0.2] ->
 min -0.3, max 0.5, scale = 0.8 / 15 = 0.0533, zero = min + 8 * scale = 0.1267;
 q = round((w - min) / scale) = [7, 15, 0, 9]; dequantized (q - 8) * scale + zero =
@@ -21,10 +25,12 @@ A GGUF checkpoint stored as Q4_0/Q4_1 (groups of 32) requantizes to int4 almost 
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specwise.config import QUANTIZATIONS
 from specwise.errors import ConfigError
+from specwise.models import capabilities
 
 INT4_GROUP_SIZE = 32
 
@@ -50,10 +56,14 @@ class Int8Linear(nn.Module):
                              .to(torch.int8).contiguous())                   # [out_features, in_features]
         self.register_buffer("scales", scales.to(torch.bfloat16))           # in the activations' dtype
         self.bias = None if bias is None else bias.to(torch.bfloat16)
+        self.kernel = _has_kernel("int8_kernel")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()                      # the kernel needs contiguous rows
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales)
+        if self.kernel:
+            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales)
+        else:                                                               # x @ (q * s).T = (x @ q.T) * s
+            out = F.linear(flat, self.weight_int8.to(flat.dtype)) * self.scales
         out = out if self.bias is None else out + self.bias
         return out.view(*x.shape[:-1], -1)
 
@@ -69,7 +79,10 @@ class Int4Linear(nn.Module):
         scale = ((high - low) / 15).clamp(min=1e-8)                          # [out, groups, 1]
         zero = low + 8 * scale                                               # dequantized: (q - 8) * scale + zero
         q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).view(out_features, in_features)
-        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        self.kernel = _has_kernel("int4_kernel")
+        # the kernel's packed layout, or (without the kernel) one level per byte: [out_features, in_features]
+        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1) if self.kernel
+                             else q.to(torch.uint8))
         scales_and_zeros = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1)   # [out, groups, 2]
         self.register_buffer("scales_and_zeros", scales_and_zeros.transpose(0, 1).contiguous().to(torch.bfloat16))
         self.group_size = group_size
@@ -77,29 +90,20 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()                      # the kernel needs contiguous rows
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, self.group_size,
-                                                          self.scales_and_zeros)
+        if self.kernel:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, self.group_size,
+                                                              self.scales_and_zeros)
+        else:
+            out = F.linear(flat, self.dequantized().to(flat.dtype))
         out = out if self.bias is None else out + self.bias
         return out.view(*x.shape[:-1], -1)
 
-
-def compute_dtype(name: str, device: str) -> torch.dtype:
-    """`auto`: bfloat16 where the hardware computes it natively (CPU flags avx512_bf16 or amx_bf16,
-    or a GPU that supports it), else float32; any other name is taken as it is."""
-    if name != "auto":
-        return getattr(torch, name)
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if device == "cpu" and _cpu_has_native_bf16() else torch.float32
-
-
-def _cpu_has_native_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as stream:
-            flags = next((line for line in stream if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    def dequantized(self) -> torch.Tensor:
+        """The unpacked levels as weights, (q - 8) * scale + zero: [out_features, in_features] in fp32."""
+        out_features, in_features = self.weight_int4.shape
+        scale, zero = self.scales_and_zeros.float().transpose(0, 1).unbind(-1)            # [out, groups] each
+        levels = self.weight_int4.float().view(out_features, -1, self.group_size)          # [out, groups, group]
+        return ((levels - 8) * scale[..., None] + zero[..., None]).view(out_features, in_features)
 
 
 def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device: str,
@@ -113,10 +117,11 @@ def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device
         raise ConfigError(f"{quantization} weights run with bfloat16 activations on CPU: use --dtype bfloat16")
     if device != "cpu" or (dtype != torch.bfloat16 and quantization == "none"):
         return model
+    # bf16 without oneDNN's kernel on this CPU: plain nn.Linear, as inductor gets it
+    left_plain = quantization == "none" and (compiled or not _has_kernel("onednn_bf16"))
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            left_to_inductor = compiled and quantization == "none"
-            if isinstance(child, nn.Linear) and not left_to_inductor:
+            if isinstance(child, nn.Linear) and not left_plain:
                 setattr(parent, name, _packed(child, quantization, is_head=name == "lm_head"))
     return model
 
@@ -127,3 +132,23 @@ def _packed(linear: nn.Linear, quantization: str, is_head: bool) -> nn.Module:
     if quantization in ("int4", "int8"):
         return Int8Linear(linear.weight, linear.bias)
     return OneDNNLinear(linear.weight, linear.bias)
+
+
+def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+    """A bf16 linear layer on the fastest path this CPU runs: oneDNN packed, else plain."""
+    if _has_kernel("onednn_bf16"):
+        return OneDNNLinear(weight, bias)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear.requires_grad_(False)
+
+
+def _has_kernel(name: str) -> bool:
+    """Whether this CPU runs a kernel (capabilities.py); a missing one is said once on stderr."""
+    runs = getattr(capabilities.cpu_capabilities(), name)
+    if not runs:
+        capabilities.note_fallback(name)
+    return runs

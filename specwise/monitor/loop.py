@@ -68,7 +68,8 @@ class Monitor:
             cycle_start = self.clock()
             latest = self.cycle()
             if live is not None:
-                live.update(dashboard(self.watches, latest, self.events, self.windows_done), refresh=True)
+                live.update(dashboard(self.watches, latest, self.events, self.windows_done, self.config.interval),
+                            refresh=True)
             if self._done(started):
                 return self._exit_code(latest)
             self.sleep(max(0.0, self.config.interval - (self.clock() - cycle_start)))
@@ -76,7 +77,7 @@ class Monitor:
     def _once(self) -> int:
         state = self._read_state()
         if state is None:
-            self.cycle()                        # no earlier scrape: take one, wait a window
+            self.cycle()                        # no earlier scrape: take one (lifetime figures), wait
             self.sleep(self.config.interval)
         latest = self.cycle()
         if self.config.state:
@@ -107,7 +108,7 @@ class Monitor:
     def _record(self, watch: TargetWatch, observation: Observation) -> None:
         window = observation.window
         if not self.config.dashboard or self.config.once:
-            self.console.print(line(watch, window), markup=False, highlight=False, soft_wrap=True)
+            self.console.print(line(watch, window, self.config.interval), markup=False, highlight=False, soft_wrap=True)
         for event in observation.events:
             self.events.append(event)
             self.alerted |= event.is_alert

@@ -32,6 +32,7 @@ count) keep the three totals and drop the per-position figures of that window.
 import math
 from dataclasses import dataclass, field
 
+from specwise.bench.load.targets.base import ServerAcceptance
 from specwise.engine.spec_decode.metrics import SpecStats
 from specwise.monitor.exposition import Snapshot
 
@@ -104,6 +105,21 @@ class Window:
                 "draft_tokens_per_draft": self.draft_tokens_per_draft, "drafts_per_step": self.drafts_per_step,
                 "generation_tokens": self.generation_tokens, "output_tokens_per_s": self.output_tokens_per_s,
                 "running": self.running, "waiting": self.waiting}
+
+
+def since_start(url: str, snapshot: Snapshot) -> Window:
+    """A server's lifetime figures from one scrape: its counters as read, a window from zero.
+
+    What a first scrape can show at once, before any window has elapsed. It has no duration
+    (output tokens/s: none). SGLang's gauges are the server's own recent averages, as read.
+    Worked example, the vLLM fixture: 6125 accepted of 10332 draft tokens in 2583 drafts give
+    acceptance 0.593, mean acceptance length 3.37, drafts per step 2583 / (12379 - 6125) = 0.41.
+    """
+    zero = ServerAcceptance(source=snapshot.acceptance.source, drafts=0, draft_tokens=0, accepted_tokens=0)
+    before = Snapshot(server=snapshot.server, time=snapshot.time,
+                      acceptance=zero if snapshot.has_counters else snapshot.acceptance,
+                      generation_tokens=None if snapshot.generation_tokens is None else 0.0)
+    return window_between(url, before, snapshot)
 
 
 def failed_window(url: str, start: float, end: float, error: str) -> Window:

@@ -4,8 +4,9 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (all beh
 optional API keys), GET /health, GET /metrics. With several keys each key is a **tenant**:
 its requests carry it into the engine (`Sequence.tenant`), so drafters that learn across
 requests (suffix's global cache) never draft one key's text for another key's request. The app owns the engine's step thread:
-leaving its lifespan shuts the AsyncEngine down (uvicorn first lets in-flight requests
-finish for `shutdown_timeout` seconds, then cancels them, which aborts them).
+entering its lifespan starts the step watchdog (`watchdog_timeout`), leaving it shuts the AsyncEngine
+down (uvicorn first lets in-flight requests finish for `shutdown_timeout` seconds, then cancels them,
+which aborts them). /health is 503 once the engine is dead (async_engine.py), and so is every new request.
 """
 
 import asyncio
@@ -42,6 +43,8 @@ def create_app(async_engine: AsyncEngine, config: ServerConfig | None = None) ->
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        if config.watchdog_timeout:
+            async_engine.start_watchdog(config.watchdog_timeout)
         yield
         await asyncio.to_thread(async_engine.shutdown)
 
@@ -95,6 +98,8 @@ def service_routes(serving: Serving) -> APIRouter:
 
     @router.get("/health")
     async def health():
+        if serving.async_engine.dead is not None:
+            raise APIError(503, f"the engine is dead: {serving.async_engine.dead}", code="engine_dead")
         if not serving.async_engine.thread.is_alive():
             raise APIError(503, "the engine thread has stopped", code="engine_stopped")
         return {"status": "ok"}

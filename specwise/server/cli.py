@@ -1,11 +1,29 @@
-"""`specwise serve`: the OpenAI-compatible server on one engine (EngineConfig + ServerConfig flags)."""
+"""`specwise serve`: the OpenAI-compatible server on one engine (EngineConfig + ServerConfig flags).
+
+Exit status: 0 after SIGINT or SIGTERM (in-flight requests get --shutdown-timeout seconds to finish,
+new connections are refused meanwhile); 1 when the engine died (async_engine.py), after
+DEAD_DRAIN_S seconds in which the error events of the streams it ended are sent, so a supervisor
+restarts a fresh process.
+"""
 
 import argparse
+import signal
 import sys
+import threading
 
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
 from specwise.server.config import ServerConfig
+
+DEAD_DRAIN_S = 2.0          # from the engine's death to the server's shutdown
+
+
+class Terminated(Exception):
+    """SIGTERM, re-raised by uvicorn once it has shut down gracefully (as it re-raises SIGINT)."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 def register(subparsers) -> None:
@@ -37,11 +55,27 @@ def run_serve(args) -> int:
     if not config.is_loopback and not api_keys(config):
         print(f"specwise: warning: serving on {config.host} without an API key: anyone who can reach this "
               f"address can use the model", file=sys.stderr)
-    app = create_app(AsyncEngine(lambda: LLMEngine(engine_config)), config)   # built on the step thread
+    async_engine = AsyncEngine(lambda: LLMEngine(engine_config))     # built on the step thread
+    print(f"specwise: engine: {async_engine.engine.kernel_line}", file=sys.stderr, flush=True)
+    app = create_app(async_engine, config)
+    server = uvicorn.Server(uvicorn_config(app, config))
+    async_engine.on_dead.append(lambda reason: exit_after_drain(server))
     print(f"specwise: serving {app.state.model!r} on http://{config.host}:{config.port}/v1", file=sys.stderr)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)      # else the re-raised SIGTERM kills the process: status -15
     try:
-        uvicorn.Server(uvicorn_config(app, config)).run()
-    except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it already handled by shutting down
+        server.run()
+    except (KeyboardInterrupt, Terminated):   # uvicorn re-raises the signal it already handled by shutting down
         pass
+    if async_engine.dead is not None:
+        print(f"specwise: the engine is dead ({async_engine.dead}); exiting with status 1", file=sys.stderr)
+        return 1
     print("specwise: server stopped", file=sys.stderr)
     return 0
+
+
+def exit_after_drain(server) -> None:
+    """Ask uvicorn to shut down DEAD_DRAIN_S seconds from now (any thread: it polls should_exit)."""
+    timer = threading.Timer(DEAD_DRAIN_S, lambda: setattr(server, "should_exit", True))
+    timer.daemon = True
+    timer.start()

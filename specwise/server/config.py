@@ -23,6 +23,10 @@ class ServerConfig:
     max_body_bytes: int = field(default=1 << 20, metadata={"help": "largest request body accepted, bytes"})
     shutdown_timeout: float = field(
         default=30.0, metadata={"help": "seconds in-flight requests get to finish on shutdown before abort"})
+    watchdog_timeout: float = field(
+        default=120.0, metadata={"help": "seconds one engine step may run before the engine is declared dead "
+                                         "(/health 503, streams end with an error, the server exits 1 for its "
+                                         "supervisor to restart it); 0: no watchdog"})
     keep_alive_timeout: float = field(
         default=75.0, metadata={"help": "seconds an idle keep-alive connection stays open; keep it longer than "
                                         "clients' pool expiry (httpx: 5 s) so a reused connection is never "
@@ -45,6 +49,8 @@ class ServerConfig:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.watchdog_timeout < 0:
+            raise ConfigError(f"watchdog_timeout must be >= 0 (0: off), got {self.watchdog_timeout}")
         if self.keep_alive_timeout <= 0:
             raise ConfigError(f"keep_alive_timeout must be > 0, got {self.keep_alive_timeout}")
         if self.log_level not in LOG_LEVELS:

@@ -21,20 +21,26 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
+RETRY_AFTER_S = 1       # a 429's Retry-After: requests finish within seconds; retrying sooner only adds load
+
+
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 details: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.details = details or {}        # more fields of the error object (a 429's bounds)
 
     def body(self) -> dict:
         error_type = ERROR_TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
-        return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.code,
+                          **self.details}}
 
     def response(self) -> JSONResponse:
-        headers = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}}.get(self.status)
+        headers = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": str(RETRY_AFTER_S)}}.get(self.status)
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 

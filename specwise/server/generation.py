@@ -16,6 +16,7 @@ import uuid
 import jinja2
 
 from specwise.engine.async_engine import AsyncEngine
+from specwise.engine.fault_isolation import EngineDead
 from specwise.engine.llm_engine import Prompt
 from specwise.engine.outputs import RequestOutput, TokenLogprob
 from specwise.errors import SpecwiseError
@@ -37,6 +38,9 @@ class Serving:
 
     async def start(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None,
                     tools: list[dict] | None = None, tenant: str | None = None) -> "list[Job]":
+        if self.async_engine.dead is not None:
+            raise APIError(503, f"the engine is dead ({self.async_engine.dead}); the server is exiting",
+                           code="engine_dead")
         token_ids = self.encode(prompt, param, tools)
         max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
         params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_candidates)]
@@ -44,9 +48,17 @@ class Serving:
             await asyncio.to_thread(self.engine.check_params, params[0])
         except SpecwiseError as error:
             raise APIError(400, str(error), grammar_param(request, params[0]), "invalid_value") from None
+        if len(params) > self.capacity:
+            raise APIError(400, f"this request asks for {len(params)} sequences (n, best_of); the server admits at "
+                                f"most {self.capacity} at once (--max-num-seqs + --max-queue)", "n", "invalid_value")
         if self.admitted + len(params) > self.capacity:
-            raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry later",
-                           code="queue_full")
+            max_num_seqs = self.engine.config.max_num_seqs
+            max_queue = self.capacity - max_num_seqs
+            raise APIError(429, f"the queue is full: {self.admitted} requests are admitted and this one adds "
+                                f"{len(params)}, over the bound of {self.capacity} ({max_num_seqs} running "
+                                f"(--max-num-seqs) + {max_queue} queued (--max-queue)); retry later",
+                           code="queue_full", details={"admitted": self.admitted, "capacity": self.capacity,
+                                                       "max_num_seqs": max_num_seqs, "max_queue": max_queue})
         # the prompt is counted once per request (as vLLM), however many choices share it
         return [Job(self, token_ids, choice_params, count_prompt=index == 0, tenant=tenant)
                 for index, choice_params in enumerate(params)]
@@ -115,6 +127,9 @@ class Job:
         except SpecwiseError as error:
             self.refused = True
             raise APIError(400, str(error), code="invalid_value") from None
+        except EngineDead as error:
+            self.tracker.finish("error")
+            raise APIError(503, str(error), code="engine_dead") from None
         except RuntimeError as error:
             self.tracker.finish("error")
             raise APIError(500, str(error), code="engine_error") from None

@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specwise.models.capabilities import compute_dtype
 from specwise.models.drafter_checkpoint import DrafterConfig, save_drafter
 from specwise.models.eagle import EagleHead
 from specwise.models.llama import LlamaForCausalLM
-from specwise.models.quantize import OneDNNLinear, compute_dtype
+from specwise.models.quantize import bf16_linear
 from specwise.train.batch import Batch
 from specwise.train.unroll import LayerState, layer_step, rope
 
@@ -123,12 +124,12 @@ def active_vocabulary(target_next: torch.Tensor, vocab_size: int) -> torch.Tenso
 
 
 class DraftingHead:
-    """The full LM head as the engine runs it where it drafts: bf16 through oneDNN (quantize.py) on a
+    """The full LM head as the engine runs it where it drafts: bf16 (quantize.py's fastest path) on a
     CPU with native bf16, else fp32. features [..., hidden] -> argmax token ids [...]."""
 
     def __init__(self, lm_head: torch.Tensor):
         self.dtype = compute_dtype("auto", "cpu")
-        self.linear = OneDNNLinear(lm_head, None) if self.dtype == torch.bfloat16 else None
+        self.linear = bf16_linear(lm_head) if self.dtype == torch.bfloat16 else None
         self.weight = lm_head
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import target_signature
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
-from specwise.models.quantize import compute_dtype
+from specwise.models.capabilities import compute_dtype
 from specwise.train.card import model_card
 from specwise.train.config import TrainConfig
 from specwise.train.data import Corpus, build_corpus, data_key

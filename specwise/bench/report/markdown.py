@@ -22,6 +22,11 @@ def run_facts(summary: Summary) -> list[tuple[str, str]]:
     run = summary.run
     facts = [("model", str(run.get("model", "?"))), ("machine", str(run.get("machine", "?"))),
              ("arms", ", ".join(arm["name"] for arm in summary.arms)), ("baseline", str(summary.baseline))]
+    kernels = run.get("kernels")
+    if kernels:
+        facts.append(("engine", f"{kernels['dtype']}, linears: {kernels['linears']}, "
+                                f"{'compiled' if kernels['compiled'] else 'eager (specwise serve compiles by default)'}"
+                                f" on {kernels['cpu']['isa']}"))
     workload = run.get("workload") or {}
     if workload:
         facts.append(("workload", f"{workload.get('source', '?')} ({workload.get('requests', '?')} requests)"))

@@ -13,7 +13,12 @@ More requests: an interval's half-width shrinks as 1/sqrt(n), so with n pairs, t
 estimate s >= 1 + margin and a lower half-width h = s - low(s), the lower bound clears
 1 + margin after about n * (h / (s - 1 - margin))**2 pairs. Worked example: n = 10,
 s = 1.30, low = 1.02: (0.28 / 0.25)**2 * 10 = 12.5, i.e. about 3 more requests per arm.
-Estimates between break-even and the margin may never be decided: none is given.
+Likewise for the throughput ratio against its floor, and for the upper bounds where an
+estimate lies below break-even (or the floor) and more requests would show a loss.
+Where no count can be estimated the report says why, in a few words (`MoreRequests`):
+fewer than MIN_PAIRS requests measure the metric, so it has no interval to shrink; the
+estimate lies between break-even and the margin, where no sample size need decide; the
+throughput ratio has no interval, or sits exactly on its floor.
 The crossover is where the latency speedup falls through 1.0 (break-even), interpolated
 on a log scale of the load between the two measured points around it. Worked example:
 speedups 1.4 at concurrency 4 and 0.8 at 16 cross 1.0 at 4 * (16/4) ** (0.4/0.6) = 10.1.
@@ -33,6 +38,21 @@ DEFAULT_THROUGHPUT_FLOOR = 0.97
 PAYS, LOSES, UNSURE = "pays", "loses", "can't tell"
 
 
+@dataclass(frozen=True)
+class MoreRequests:
+    """More paired requests per arm that would decide a "can't tell" point, or why no count can be given."""
+    count: int | None = None
+    reason: str = ""            # where count is None, e.g. "its estimate lies between break-even and ..."
+
+    def text(self) -> str:
+        """The wording of it, in the verdict sentence and the table alike."""
+        return self.reason if self.count is None else counts_text([self.count])
+
+
+def counts_text(counts: list[int]) -> str:
+    return f"about {', '.join(str(count) for count in counts)} more requests per arm would decide"
+
+
 @dataclass
 class ArmVerdict:
     arm: str
@@ -50,7 +70,7 @@ class ArmVerdict:
     intervals: dict[float, list[float] | None] = field(default_factory=dict)     # of the latency speedup
     throughput_intervals: dict[float, list[float] | None] = field(default_factory=dict)
     paired: dict[float, int | None] = field(default_factory=dict)   # requests both arms completed
-    more_requests: dict[float, int | None] = field(default_factory=dict)     # for "can't tell" loads
+    more_requests: dict[float, MoreRequests] = field(default_factory=dict)  # measured "can't tell" loads
 
 
 @dataclass
@@ -115,8 +135,8 @@ def _verdict(summary: Summary, arm: dict, kind: str, metric: str, margin: float,
         t_range = _range(t, row.intervals.get("output_throughput"), exact)
         verdict.intervals[value], verdict.throughput_intervals[value] = s_range, t_range
         verdict.calls[value] = call(s_range, t_range, margin, floor)
-        if verdict.calls[value] == UNSURE:
-            verdict.more_requests[value] = more_requests(row.paired, s, s_range, t, t_range, margin, floor)
+        if verdict.calls[value] == UNSURE and not exact:
+            verdict.more_requests[value] = more_requests(row.paired, metric, s, s_range, t, t_range, margin, floor)
     pays = [verdict.calls[v] == PAYS for v in loads]
     verdict.pays_at, verdict.ranges, verdict.not_compared = [v for v, ok in zip(loads, pays) if ok], \
         contiguous_ranges(loads, pays), missing
@@ -141,26 +161,39 @@ def call(s_range: list[float] | None, t_range: list[float] | None, margin: float
     return UNSURE
 
 
-def more_requests(n: int | None, s, s_range, t, t_range, margin: float, floor: float) -> int | None:
-    """Roughly how many more paired requests would decide an UNSURE point (see the module doc)."""
-    if n is not None and n < MIN_PAIRS:
-        return MIN_PAIRS - n                # no interval yet: at least this many more
-    if not n or s is None or s_range is None:
-        return None
-    if s >= 1 + margin:
-        needed = _pairs_needed(n, s - s_range[0], s - 1 - margin)
-        if t is not None and t_range is not None and t_range[0] < floor <= t:
-            needed = max(needed or 0, _pairs_needed(n, t - t_range[0], t - floor) or 0) or None
-    elif s < 1:
-        needed = _pairs_needed(n, s_range[1] - s, 1 - s)
-    else:
-        return None
-    return None if needed is None else max(needed - n, 1)
+def more_requests(n: int, metric: str, s: float, s_range: list[float] | None, t: float | None,
+                  t_range: list[float] | None, margin: float, floor: float) -> MoreRequests:
+    """Roughly how many more paired requests would decide a measured UNSURE point (see the module doc).
+
+    n pairs gave the latency speedup s (of `metric`) and the throughput ratio t, with their intervals.
+    The point loses once high(s) < 1 or high(t) < floor, and pays once low(s) >= 1 + margin and
+    low(t) >= floor: the count is that of the nearest of these the estimates point to.
+    """
+    if n < MIN_PAIRS:
+        return MoreRequests(MIN_PAIRS - n)                  # no interval yet: at least this many more
+    t_known = t is not None and t_range is not None
+    needed = []
+    if s_range is not None and s < 1:
+        needed.append(_pairs_needed(n, s_range[1] - s, 1 - s))
+    if t_known and t < floor:
+        needed.append(_pairs_needed(n, t_range[1] - t, floor - t))
+    if s_range is not None and s > 1 + margin and t_known and t > floor:     # both lower bounds must clear
+        needed.append(max(_pairs_needed(n, s - s_range[0], s - 1 - margin),
+                          _pairs_needed(n, t - t_range[0], t - floor)))
+    if needed:
+        return MoreRequests(max(min(needed) - n, 1))
+    if s_range is None:
+        return MoreRequests(reason=f"too few of its requests measure {metric} to give an interval")
+    if s <= 1 + margin:
+        return MoreRequests(reason=f"its estimate lies between break-even and the {margin:.0%} margin, "
+                                   "so more requests may not decide it")
+    if not t_known:
+        return MoreRequests(reason="output throughput has no interval")
+    return MoreRequests(reason=f"its throughput ratio sits exactly on the {floor:.0%} floor")
 
 
-def _pairs_needed(n: int, half_width: float, distance: float) -> int | None:
-    if distance <= 0 or half_width <= 0:
-        return None
+def _pairs_needed(n: int, half_width: float, distance: float) -> int:
+    """Pairs after which a bound now half_width from the estimate lies distance from it (distance > 0)."""
     return math.ceil(n * (half_width / distance) ** 2)
 
 
@@ -237,17 +270,33 @@ def _within(kind: str, loads: list[float], margin: float) -> str:
 
 
 def _unsure(verdict: ArmVerdict, unsure: list[float]) -> str:
-    """" Can't tell at concurrency 4, 8 at this sample size (about 12, 40 more requests per arm)."."""
+    """" Can't tell at concurrency 4, 8 at this sample size (about 12, 40 more requests per arm would decide)."
+
+    Loads sharing a reason for no count are listed together, after the counted ones:
+    " Can't tell at concurrency 1, 4, 8 at this sample size: about 12 more requests per arm would
+    decide concurrency 4; at 1, 8 its estimate lies between break-even and the 5% margin, so ..."
+    """
     if not unsure:
         return ""
-    loads = ", ".join(f"{value:g}" for value in unsure)
-    more = [verdict.more_requests.get(value) for value in unsure]
-    if any(m is not None for m in more):
-        counts = ", ".join("?" if m is None else str(m) for m in more)
-        hint = f" (about {counts} more requests per arm would decide)"
-    else:
-        hint = " (its estimate lies between break-even and the margin: more requests may not decide it)"
-    return f" Can't tell at {verdict.load_kind} {loads} at this sample size{hint}."
+    kind, more = verdict.load_kind, verdict.more_requests
+    counted = [load for load in unsure if more[load].count is not None]
+    groups: dict[str, list[float]] = {}
+    for load in unsure:
+        if more[load].count is None:
+            groups.setdefault(more[load].text(), []).append(load)
+    parts = []
+    if counted:
+        parts.append(counts_text([more[load].count for load in counted]))
+    parts += list(groups)
+    if len(parts) == 1:
+        return f" Can't tell at {kind} {_values(unsure)} at this sample size ({parts[0]})."
+    pieces = ([f"{parts[0]} {kind} {_values(counted)}"] if counted else []) + \
+        [f"at {_values(loads)} {reason}" for reason, loads in groups.items()]
+    return f" Can't tell at {kind} {_values(unsure)} at this sample size: {'; '.join(pieces)}."
+
+
+def _values(loads: list[float]) -> str:
+    return ", ".join(f"{value:g}" for value in loads)
 
 
 def _not_compared(verdict: ArmVerdict) -> str:

@@ -82,7 +82,7 @@ def with_interval(value: float | None, interval: list[float] | None) -> str:
 def verdict_cell(verdict, load: float) -> str:
     call = verdict.calls.get(load, "-")
     more = verdict.more_requests.get(load)
-    return f"{call} (~{more} more requests)" if more else call
+    return f"{call} ({more.text()})" if more else call
 
 
 def category_table(summary: Summary, metric: str) -> TableData:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specwise.engine.fault_isolation import RequestFault, describe
 from specwise.engine.sampling.grammar import GrammarCompiler, GrammarMatcher
 from specwise.engine.sequence import Sequence
 
@@ -76,7 +77,10 @@ class LogitsProcessing:
         for indices in by_seq.values():
             seq = rows[indices[0]].seq
             drafts = [rows[index].drafts_before for index in indices]
-            logits[indices] = self._apply_seq(logits[indices], seq, drafts)
+            try:
+                logits[indices] = self._apply_seq(logits[indices], seq, drafts)
+            except Exception as error:          # this request's settings or grammar: its fault alone
+                raise RequestFault([seq], f"logits processing: {describe(error)}") from error
         return logits
 
     def _apply_seq(self, logits: torch.Tensor, seq: Sequence, drafts_before: list[list[int]]) -> torch.Tensor:
