@@ -106,7 +106,8 @@ def test_blocks_restart_at_each_change_of_arm_and_warm_up_after_each_start(tmp_p
     assert run["launch"]["restarts"] == 2
     warmups = [r for r in read_records(outcome.results_dir) if r.warmup]
     assert len(warmups) == 4                                # one per start
-    assert "2 restart(s)" in outcome.report.summary_md.read_text()
+    summary = outcome.report.summary_md.read_text()
+    assert "2 restart(s)" in summary and "Acceptance of ngram-k4 is read from each response" in summary
 
 
 def test_start_timeout_is_one_line_with_the_log_tail(tmp_path, fake, monkeypatch):

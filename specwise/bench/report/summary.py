@@ -214,6 +214,10 @@ def _notes(run: dict, records: list[RequestRecord]) -> list[str]:
                      "(per request, so per category too); the server's Prometheus counters over the same load "
                      f"points {'agree' if all(agree) else 'differ at ' + str(agree.count(False)) + ' of them'} "
                      "(run.json server_acceptance).")
+    launched = {server["arm"] for server in (run.get("launch") or {}).get("servers", [])}
+    if (per_request & launched) - counted:
+        notes.append(f"Acceptance of {', '.join(sorted((per_request & launched) - counted))} is read from each "
+                     "response (per request, so per category too).")
     notes += launch_notes(run)
     cut = sum(entry["requests"] for entry in run.get("cut_off", []))
     if cut:
