@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(Path.home() / ".cache/specwise/vllm-venv/bin/python"))
     args = parser.parse_args()
     for name, config in configs(args.model).items():
-        argv = [args.vllm_python, "-c", CHECK, args.model, "--max-model-len", "2048", *vllm_flags(config)]
+        argv = [args.vllm_python, "-c", CHECK, "--model", args.model, "--max-model-len", "2048", *vllm_flags(config)]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
         verdict = next((line for line in lines if line.startswith("accepted:")), None)
