@@ -5,7 +5,8 @@
 
 Each run launches the fake engine (tests/fake_engine.py, which forks a helper child into its
 process group, as vLLM forks its engine core) for two arms, side by side or in blocks, and is
-then, at a random moment (0.3-8 s after the start: start-up, warm-up or measuring), sent
+then, at a random moment (0.3-8 s after its first server was launched: start-up, warm-up or
+measuring), sent
 SIGINT, SIGTERM, SIGINT twice (the second while servers are being stopped, to servers that
 ignore SIGTERM), or left alone with a server that crashes mid-run. Printed: per run the
 action, the moment, the exit status and the processes left alive (by PID); then the totals.
@@ -35,7 +36,7 @@ def alive(pid: int) -> bool:
 
 
 def one_run(index: int, rng: random.Random, work: Path) -> tuple[str, float, int, list[int], bool]:
-    action, moment = rng.choice(ACTIONS), rng.uniform(0.3, 8.0)
+    action, moment = rng.choice(ACTIONS), rng.uniform(0.3, 8.0)     # seconds after the first launch
     pairing = rng.choice(("side-by-side", "blocks"))
     pid_dir = work / f"pids{index}"
     pid_dir.mkdir()
@@ -51,6 +52,9 @@ def one_run(index: int, rng: random.Random, work: Path) -> tuple[str, float, int
                "--settle", "0", "--output", str(work / f"results{index}")]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
+    deadline = time.monotonic() + 120
+    while not list(pid_dir.glob("*.pid")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)                # the moment counts from the first server's launch
     if action != "crash":
         try:
             process.wait(timeout=moment)
@@ -68,7 +72,8 @@ def one_run(index: int, rng: random.Random, work: Path) -> tuple[str, float, int
     left = [int(path.stem) for path in pid_dir.glob("*.pid") if alive(int(path.stem))]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    return f"{action} ({pairing})", moment, process.returncode, left, "Traceback" in stderr
+    traceback = stderr.strip().splitlines()[-1] if "Traceback" in stderr else ""
+    return f"{action} ({pairing})", moment, process.returncode, left, traceback
 
 
 def main() -> None:
@@ -82,9 +87,9 @@ def main() -> None:
         for index in range(args.runs):
             action, moment, code, left, traceback = one_run(index, rng, Path(folder))
             left_total += len(left)
-            tracebacks += traceback
+            tracebacks += bool(traceback)
             print(f"{index + 1:>3}  {action:<28} at {moment:4.1f} s  exit {code:>3}  left alive: "
-                  f"{left or 'none'}{'  TRACEBACK' if traceback else ''}", flush=True)
+                  f"{left or 'none'}{'  TRACEBACK: ' + traceback if traceback else ''}", flush=True)
     print(f"{args.runs} runs: {left_total} launched process(es) left alive, {tracebacks} traceback(s)")
 
 
