@@ -18,11 +18,13 @@ import pytest
 from specwise.bench.config import EvaluateConfig
 from specwise.bench.evaluate import evaluate
 from specwise.bench.launch import server as launch_server
+from specwise.bench.launch.config import LaunchConfig
 from specwise.bench.launch.command import build_command, free_port
 from specwise.bench.launch.pool import LaunchSettings
 from specwise.bench.launch.server import LaunchError, LaunchedServer, stop_all
 from specwise.bench.load.arms import parse_engine_methods
 from specwise.bench.results import read_records
+from specwise.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = f"{sys.executable} {ROOT / 'tests' / 'fake_engine.py'} serve"
@@ -240,3 +242,12 @@ def test_blocks_share_the_duration(tmp_path, fake, monkeypatch):
     outcome = evaluate(config, argv=[], launch=settings(blocks=2))
     measured = [r for r in read_records(outcome.results_dir) if not r.warmup]
     assert {(r.arm, r.round) for r in measured} == {(arm, block) for arm in ("off", "ngram-k4") for block in (0, 1)}
+
+
+@pytest.mark.parametrize("flags,message", [(dict(pairing="blocks"), "--pairing needs --engine"),
+                                           (dict(engine="tgi"), "--engine must be one of vllm, sglang"),
+                                           (dict(engine="vllm", blocks=0), "--blocks must be > 0")])
+def test_launch_flags_checked_in_one_line(flags, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        LaunchConfig(**flags)
+    assert "\n" not in str(error.value)

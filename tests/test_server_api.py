@@ -6,6 +6,8 @@ import pytest
 from test_server_harness import MODEL, TINY_ENGINE, engine_idle, metric, serve, sse_payloads, wait_until
 from tiny_models import tiny_checkpoint
 
+from specwise.bench.load.targets.base import Acceptance
+from specwise.bench.load.targets.http import vllm_acceptance
 from specwise.engine.llm import LLM
 from specwise.sampling_params import SamplingParams
 
@@ -109,8 +111,6 @@ def test_acceptance_figures_add_up_to_metrics(server, client):
 
 def test_acceptance_also_in_vllms_per_request_shape(server, client):
     """metrics.speculative_decoding, as vLLM 0.32 returns it, read back by the evaluator's reader."""
-    from specwise.bench.load.targets.base import Acceptance
-    from specwise.bench.load.targets.http import vllm_acceptance
     response = client.completions.create(model=MODEL, prompt=REPEATING * 3, max_tokens=48, temperature=0)
     figures, shaped = response.specwise, response.metrics["speculative_decoding"]
     assert figures["drafts"] > 0 and sum(shaped["acceptance_histogram"]) == figures["drafts"]

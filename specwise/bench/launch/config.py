@@ -4,7 +4,7 @@
 directory or a name the engine resolves itself.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from specwise.bench.engine_flags import ENGINES
 from specwise.bench.launch.command import DEFAULT_COMMANDS
@@ -46,8 +46,7 @@ class LaunchConfig:
             raise ConfigError(f"--on-server-exit must be one of {', '.join(ON_EXIT)}, got {self.on_server_exit!r}")
         check_positive(self, "blocks")
         check_positive(self, "start_timeout")
-        used = [name for name in ("engine_cmd", "engine_args", "cores", "devices")
-                if getattr(self, name) is not None] + (["dry_run"] if self.dry_run else [])
+        used = [f.name for f in fields(self) if f.name != "engine" and getattr(self, f.name) != f.default]
         if self.engine is None and used:
             raise ConfigError(f"--{used[0].replace('_', '-')} needs --engine vllm|sglang")
 
