@@ -251,3 +251,14 @@ def test_launch_flags_checked_in_one_line(flags, message):
     with pytest.raises(ConfigError, match=message) as error:
         LaunchConfig(**flags)
     assert "\n" not in str(error.value)
+
+
+def test_sglang_arms_launch_with_the_sglang_flags(tmp_path, fake):
+    outcome = evaluate(run_config(tmp_path, concurrency="1"), argv=[],
+                       launch=settings(engine="sglang", engine_cmd=FAKE.removesuffix(" serve"), pairing="side-by-side"))
+    servers = json.loads((outcome.results_dir / "run.json").read_text())["launch"]["servers"]
+    assert servers[0]["argv"][-6:] == ["--model-path", "/models/hf", "--host", "127.0.0.1", "--port",
+                                       str(servers[0]["url"].rsplit(":", 1)[1])]
+    assert servers[1]["argv"][-4:] == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]
+    records = [r for r in read_records(outcome.results_dir) if not r.warmup]
+    assert records and not any(r.error for r in records)

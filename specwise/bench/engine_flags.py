@@ -14,10 +14,11 @@ vLLM: `--speculative-config JSON`:
   eagle:MODEL, eagle3:MODEL @k   {"method": "eagle" | "eagle3", "model": MODEL, ...}: a checkpoint in
                     the server's format; only for arms the engine runs (`checkpoint="server"`): our
                     own eagle / medusa heads are in specwise's format and get a note instead.
-SGLang (flags written against SGLang 0.5): a chain of k drafts is
+SGLang (flags checked against SGLang 0.5.23's server arguments, srt/arg_groups/fields/spec.py;
+its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO): a chain of k drafts is
   `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
   (the draft-token count includes the verified root token);
-  ngram / suffix: `--speculative-algorithm NGRAM | SUFFIX --speculative-num-draft-tokens k+1`;
+  ngram: `--speculative-algorithm NGRAM --speculative-num-draft-tokens k+1`; suffix: none (a note);
   draft: STANDALONE, eagle: EAGLE, eagle3: EAGLE3, each with `--speculative-draft-model-path MODEL`.
 Worked example: ("ngram", "ngram", 4) -> vLLM ["--speculative-config", '{"method": "ngram",
 "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'], SGLang
@@ -78,8 +79,8 @@ def sglang_flags(spec: str | None, method: str, k: int, checkpoint: str = "specw
     if method == "off":
         return []
     argument = (spec or "").partition(":")[2].strip()
-    if method in ("ngram", "suffix"):
-        return ["--speculative-algorithm", method.upper(), "--speculative-num-draft-tokens", str(k + 1)]
+    if method == "ngram":
+        return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1)]
     if _takes_checkpoint(method, checkpoint) and argument:
         return ["--speculative-algorithm", _SGLANG_ALGORITHMS[method], "--speculative-draft-model-path", argument,
                 "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
@@ -96,12 +97,15 @@ def speculative_flags(engine: str, spec: str | None, method: str, k: int) -> lis
     else:
         flags = sglang_flags(spec, method, k, checkpoint="server")
     if not flags:
-        raise ConfigError(f"--methods {spec}: {engine} cannot run it; use {SERVER_FORMS}")
+        why = note("SGLang" if engine == "sglang" else "vLLM", spec, method)
+        raise ConfigError(f"--methods {spec}: {engine} cannot run it ({why}); use {SERVER_FORMS}")
     return flags
 
 
 def note(engine_name: str, spec: str | None, method: str) -> str:
     """Why a method has no flags on an engine ("vLLM", "SGLang")."""
+    if engine_name == "SGLang" and method == "suffix":
+        return "SGLang (0.5.23) has no suffix decoding; the closest there is NGRAM (prompt lookup)."
     return NO_SERVER_EQUIVALENT.get(method, f"no {engine_name} equivalent known for {spec}")
 
 
