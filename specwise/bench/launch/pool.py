@@ -123,7 +123,9 @@ class ServerPool:
     def _without_per_request_metrics(self, name: str, error: str) -> None:
         """The engine refused per-request acceptance: relaunch without it (Prometheus deltas instead)."""
         old = self.servers[name]
-        argv = [word for word in old.command.argv if word not in PER_REQUEST_METRICS]
+        old.stop()                              # reaps the refused start's process group
+        at = old.command.argv.index(PER_REQUEST_METRICS[0])
+        argv = old.command.argv[:at] + old.command.argv[at + len(PER_REQUEST_METRICS):]
         command = dataclasses.replace(old.command, argv=argv)
         self.commands[name] = command
         self.servers[name] = LaunchedServer(command, old.log_path)
