@@ -6,6 +6,8 @@ import pytest
 from test_server_harness import MODEL, TINY_ENGINE, engine_idle, metric, serve, sse_payloads, wait_until
 from tiny_models import tiny_checkpoint
 
+from specwise.bench.load.targets.base import Acceptance
+from specwise.bench.load.targets.http import vllm_acceptance
 from specwise.engine.llm import LLM
 from specwise.sampling_params import SamplingParams
 
@@ -105,6 +107,20 @@ def test_acceptance_figures_add_up_to_metrics(server, client):
     assert sum(figures["accepted_per_position"]) == figures["accepted_tokens"]
     assert figures["mean_acceptance_length"] == pytest.approx(1 + figures["accepted_tokens"] / figures["drafts"])
     assert metric(after, "specwise:spec_decode_k") == TINY_ENGINE.get("num_speculative_tokens", 4)
+
+
+def test_acceptance_also_in_vllms_per_request_shape(server, client):
+    """metrics.speculative_decoding, as vLLM 0.32 returns it, read back by the evaluator's reader."""
+    response = client.completions.create(model=MODEL, prompt=REPEATING * 3, max_tokens=48, temperature=0)
+    figures, shaped = response.specwise, response.metrics["speculative_decoding"]
+    assert figures["drafts"] > 0 and sum(shaped["acceptance_histogram"]) == figures["drafts"]
+    assert vllm_acceptance(response.metrics) == Acceptance(figures["drafts"], figures["draft_tokens"],
+                                                           figures["accepted_tokens"], figures["accepted_per_position"])
+    body = {"model": MODEL, "prompt": REPEATING * 3, "max_tokens": 48, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as streamed:
+        payloads = sse_payloads(streamed.iter_lines())
+    last = next(p for p in payloads if isinstance(p, dict) and "metrics" in p)
+    assert last["metrics"]["speculative_decoding"] == shaped        # greedy: the same drafts again
 
 
 def test_stop_string_truncates_like_the_engine(client, reference):

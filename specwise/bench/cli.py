@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from specwise.bench.config import EvaluateConfig
+from specwise.bench.launch.config import LaunchConfig
 from specwise.bench.report.recommend import DEFAULT_MARGIN, DEFAULT_METRIC, DEFAULT_THROUGHPUT_FLOOR
 from specwise.bench.report.summary import PAY_METRICS
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
@@ -19,7 +20,9 @@ def register(subparsers) -> None:
                     "in-process or on OpenAI-compatible endpoints) at each load point; write "
                     "requests.jsonl, summary.json, summary.md and report.html.")
     add_dataclass_args(evaluate, EvaluateConfig)
-    engine = evaluate.add_argument_group("in-process engine (for the --methods arms)")
+    launched = evaluate.add_argument_group("launched engine (--engine: one vLLM or SGLang server per --methods arm)")
+    add_dataclass_args(launched, LaunchConfig)
+    engine = evaluate.add_argument_group("in-process engine (for the --methods arms; --model also for --engine)")
     add_dataclass_args(engine, EngineConfig, exclude=ENGINE_EXCLUDE)
     evaluate.set_defaults(handler=run_evaluate)
 
@@ -40,9 +43,21 @@ def register(subparsers) -> None:
 def run_evaluate(args: argparse.Namespace) -> int:
     from specwise.bench.evaluate import evaluate
     config = dataclass_from_args(EvaluateConfig, args)
-    engine_config = (dataclass_from_args(EngineConfig, args, seed=config.seed) if config.in_process_methods()
-                     else None)
-    outcome = evaluate(config, engine_config, argv=sys.argv[1:])
+    launch = dataclass_from_args(LaunchConfig, args)
+    defaults = EngineConfig.__dataclass_fields__             # flags left out are absent from args
+    k = getattr(args, "num_speculative_tokens", defaults["num_speculative_tokens"].default)
+    settings = launch.settings(getattr(args, "model", None), k) if launch.engine else None
+    engine_config = (dataclass_from_args(EngineConfig, args, seed=config.seed)
+                     if config.in_process_methods() and settings is None else None)
+    outcome = evaluate(config, engine_config, argv=sys.argv[1:], launch=settings)
+    if outcome.commands is not None:
+        print("\n".join(outcome.commands))
+        return 0
+    if outcome.stopped:
+        kept = "report rendered from them" if outcome.report else "nothing finished yet"
+        print(f"specwise: {outcome.stopped}; finished requests kept in {outcome.results_dir} ({kept})",
+              file=sys.stderr)
+        return 1
     if outcome.interrupted:
         kept = "report rendered from them" if outcome.report else "nothing finished yet"
         print(f"interrupted: finished requests kept in {outcome.results_dir} ({kept}); "

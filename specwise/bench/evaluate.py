@@ -4,8 +4,13 @@ Arms: the in-process --methods (one model load) and the --endpoint URLs, in one 
 compared with the same client and the same requests. Every arm asked for runs: an
 endpoint that cannot be reached stops the command before anything is measured.
 
-An interrupted run (Ctrl-C) keeps every finished request; run.json is marked
-interrupted and the report is rendered from what finished.
+Launched arms (--engine vllm|sglang): one server per --methods arm, started and stopped by
+this run (bench/launch/), paired side by side or in blocks; their commands, versions and
+logs are kept in run.json "launch" and servers/<arm>.log.
+
+An interrupted run (Ctrl-C, SIGTERM with launched servers) keeps every finished request;
+run.json is marked interrupted and the report is rendered from what finished. No launched
+server outlives the command (bench/launch/server.py).
 """
 
 import asyncio
@@ -17,8 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwise.bench.load.arms import ArmSpec, parse_endpoints, parse_methods
-from specwise.bench.config import EvaluateConfig
+from specwise.bench.config import DEFAULT_METHODS, EvaluateConfig
+from specwise.bench.launch.pool import LaunchSettings, ServerExited, ServerPool
+from specwise.bench.launch.server import LaunchError, interrupt_on_sigterm, stop_all
+from specwise.bench.load.arms import ArmSpec, parse_endpoints, parse_engine_methods, parse_methods
 from specwise.bench.load.plan import Plan, build_plan
 from specwise.bench.load.progress import make_view
 from specwise.bench.report.render import ReportFiles, render_report
@@ -41,6 +48,8 @@ class Outcome:
     results_dir: Path
     report: ReportFiles | None      # None when interrupted before anything finished
     interrupted: bool = False
+    stopped: str | None = None      # why the run stopped early (--on-server-exit stop)
+    commands: list[str] | None = None   # --dry-run: what would be launched, nothing run
 
 
 @dataclass
@@ -55,28 +64,49 @@ class Arms:
 
 
 def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
-             argv: list[str] | None = None, checkpoint=None) -> Outcome:
-    """`checkpoint`: an already loaded model for the in-process arms (tests, notebooks)."""
+             argv: list[str] | None = None, checkpoint=None, launch: LaunchSettings | None = None) -> Outcome:
+    """`checkpoint`: an already loaded model for the in-process arms (tests, notebooks).
+    `launch`: the --methods arms are servers this run launches (--engine)."""
     engine_config = engine_config or EngineConfig()
     plan = build_plan(config)
-    specs = _arm_specs(config, engine_config)
+    specs = _arm_specs(config, engine_config, launch)
     baseline = _baseline(config, specs)
     results_dir = _results_dir(config.output)
-    schedule = choose_schedule(config.schedule, specs, config.round_size, config.settle)
+    pool = None
+    if launch is not None:
+        pool = ServerPool(launch, [spec for spec in specs if spec.engine], results_dir)
+        if launch.dry_run:
+            return Outcome(results_dir, None, commands=[f"{name}: {command.text()}"
+                                                        for name, command in pool.commands.items()])
+    blocks = launch.blocks if pool is not None and pool.pairing == "blocks" else None
+    settle = 0.0 if config.settle is None and launch and (launch.cores or launch.devices) else config.settle
+    schedule = choose_schedule(config.schedule, specs, config.round_size, settle, blocks)
     headers = _headers(config)
     for spec in specs:
         if spec.url is not None:
             asyncio.run(check_endpoint(spec.name, spec.url, headers))
-    arms = _arms(config, engine_config, specs, checkpoint, headers)
+    with interrupt_on_sigterm():
+        try:
+            return _measure(config, engine_config, plan, specs, baseline, results_dir, schedule, headers, argv,
+                            checkpoint, pool)
+        finally:
+            stop_all()
+
+
+def _measure(config, engine_config, plan, specs, baseline, results_dir, schedule, headers, argv, checkpoint,
+             pool: ServerPool | None) -> Outcome:
+    arms = _arms(config, engine_config, specs, checkpoint, headers, pool)
     if config.trace:
         plan.workload = synthesize_prompts(plan.workload, config.trace_category, arms.tokenizer, arms.max_model_len)
         plan.info["clipped"] = sum(1 for r in plan.workload if r.extra.get("clipped"))
     info = _run_info(config, engine_config, plan, arms, baseline, argv)
     info["schedule"] = schedule.to_dict([spec.name for spec in specs])
+    if pool is not None:
+        info["launch"] = pool.info          # updated in place as servers start and exit
     view = make_view(config.progress)
     precision = None if config.precision is None else PrecisionCheck(
         baseline, list(dict.fromkeys([config.pay_metric, "e2e_mean", "output_throughput"])), config.precision,
-        config.confidence, config.seed)
+        config.confidence, config.seed, blocks=schedule.kind == "blocks")
     runner = Runner(plan, arms.targets, results_dir, info, view, config.warmup, config.request_timeout,
                     parse_slo(config.slo), tokenizer=arms.tokenizer, schedule=schedule, precision=precision)
     try:
@@ -85,6 +115,17 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
         info["interrupted"] = True
         write_run_info(results_dir, info)
         return Outcome(results_dir, _report_what_finished(results_dir), interrupted=True)
+    except ServerExited as error:
+        info["stopped"] = str(error)
+        write_run_info(results_dir, info)
+        return Outcome(results_dir, _report_what_finished(results_dir), stopped=str(error))
+    except LaunchError as error:
+        info["launch_error"] = str(error)
+        write_run_info(results_dir, info)
+        report = _report_what_finished(results_dir)
+        if report is None:          # before anything was measured: the error is the whole story
+            raise
+        return Outcome(results_dir, report, stopped=str(error))     # a restart in blocks failed
     finally:
         view.close()
         if arms.shutdown is not None:
@@ -94,11 +135,14 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
     return Outcome(results_dir, render_report(results_dir))
 
 
-def _arm_specs(config: EvaluateConfig, engine_config: EngineConfig | None) -> list[ArmSpec]:
-    """In-process arms first, then the endpoints, in the order given; names must differ."""
+def _arm_specs(config: EvaluateConfig, engine_config: EngineConfig | None,
+               launch: LaunchSettings | None = None) -> list[ArmSpec]:
+    """In-process (or launched) arms first, then the endpoints, in the order given; names must differ."""
     methods = config.in_process_methods()
     specs = []
-    if methods:
+    if launch is not None:
+        specs += parse_engine_methods(config.methods or DEFAULT_METHODS, launch.engine, launch.k)
+    elif methods:
         specs += parse_methods(methods, (engine_config or EngineConfig()).num_speculative_tokens)
     if config.endpoint:
         specs += parse_endpoints(config.endpoint)
@@ -116,11 +160,16 @@ def _headers(config: EvaluateConfig) -> dict:
 
 
 def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: list[ArmSpec], checkpoint,
-          headers: dict) -> Arms:
+          headers: dict, pool: ServerPool | None = None) -> Arms:
     """The targets, in the order of `specs`; in-process arms load the model (once)."""
-    local = [spec for spec in specs if spec.url is None]
+    local = [spec for spec in specs if spec.url is None and spec.engine is None]
     by_name, tokenizer, max_len, shutdown, kernels = {}, None, None, None, None
     model = config.served_model or "served by the endpoints"
+    if pool is not None:
+        model = f"{pool.settings.model} on {pool.settings.engine}"
+        by_name.update((target.name, target) for target in pool.targets(
+            api=config.api, model=config.served_model, temperature=config.temperature,
+            timeout=config.request_timeout, headers=headers))
     if local:
         from specwise.bench.load.targets.engine import build_engine_targets
         targets, tokenizer, async_engine = build_engine_targets(engine_config or EngineConfig(), local,
@@ -162,9 +211,10 @@ def _results_dir(output: str | None) -> Path:
 
 def _run_info(config: EvaluateConfig, engine_config: EngineConfig, plan: Plan, arms: Arms,
               baseline: str, argv: list[str] | None) -> dict:
+    in_process = any(spec.url is None and spec.engine is None for spec in arms.specs)
     return {
         "tool": "evaluate", "model": arms.model,
-        "machine": machine_description(engine_config if config.in_process_methods() else None),
+        "machine": machine_description(engine_config if in_process else None),
         "arms": [spec.to_dict() for spec in arms.specs], "baseline": baseline,
         "loads": [dataclasses.asdict(point) for point in plan.loads],
         "slo": parse_slo(config.slo).to_dict(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -173,7 +223,7 @@ def _run_info(config: EvaluateConfig, engine_config: EngineConfig, plan: Plan, a
         "criteria": {"pay_metric": config.pay_metric, "margin": config.margin,
                      "throughput_floor": config.throughput_floor, "confidence": config.confidence,
                      "precision": config.precision},
-        "engine": dataclasses.asdict(engine_config) if config.in_process_methods() and engine_config else None,
+        "engine": dataclasses.asdict(engine_config) if in_process and engine_config else None,
         "kernels": arms.kernels,
         "config": dict(dataclasses.asdict(config), api_key=None),
     }

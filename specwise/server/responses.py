@@ -50,6 +50,20 @@ def acceptance(speculative: bool, spec: SpecStats) -> dict:
             "acceptance_rate": spec.acceptance_rate, "mean_acceptance_length": spec.mean_acceptance_length}
 
 
+def vllm_spec_metrics(spec: SpecStats) -> dict:
+    """The request's acceptance in vLLM 0.32's shape (`metrics.speculative_decoding`, what
+    `--per-request-spec-decode-metrics summary` returns), so clients of either read one field.
+    acceptance_histogram[j] = drafts that accepted exactly j tokens, from accepted-at-position
+    counts: e.g. 5 drafts with accepted_per_position [3, 1] -> [2, 2, 1]."""
+    per_position = list(spec.accepted_per_position)
+    reached = [spec.drafts] + per_position + [0]             # drafts that accepted at least j
+    histogram = [reached[j] - reached[j + 1] for j in range(len(per_position) + 1)]
+    return {"mean_acceptance_length": spec.mean_acceptance_length or 1.0,
+            "draft_acceptance_rate": spec.acceptance_rate or 0.0, "acceptance_histogram": histogram,
+            "num_spec_steps": spec.drafts, "num_accepted_draft_tokens": spec.accepted_tokens,
+            "num_draft_tokens": spec.draft_tokens, "num_spec_tokens": len(per_position)}
+
+
 class Responder(ABC):
     """Builds the bodies of one request's answer; subclasses name the object types and choice shape."""
 
@@ -76,9 +90,12 @@ class Responder(ABC):
         for item in finished:
             spec = spec.merge(item.output.spec)
         completion = sum(len(item.output.output_token_ids) for item in finished)
-        return {**self._header(self.object_name), "choices": choices,
+        body = {**self._header(self.object_name), "choices": choices,
                 "usage": usage(len(finished[0].output.prompt_token_ids), completion),
                 "specwise": acceptance(self.speculative, spec)}
+        if self.speculative and len(finished) == 1:      # vLLM reports it for single-sequence requests only
+            body["metrics"] = {"speculative_decoding": vllm_spec_metrics(spec)}
+        return body
 
     def opening_chunks(self, num_choices: int, prompt_tokens: int) -> list[dict]:
         return []
@@ -94,6 +111,8 @@ class Responder(ABC):
             payload["usage"] = usage_so_far if self.continuous_usage else None
         if output.finished:
             payload["specwise"] = acceptance(self.speculative, output.spec)
+            if self.speculative and self.num_choices == 1:
+                payload["metrics"] = {"speculative_decoding": vllm_spec_metrics(output.spec)}
         return payload
 
     def usage_chunk(self, total: dict) -> dict:

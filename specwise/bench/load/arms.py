@@ -6,12 +6,16 @@ suffix sets that arm's draft length (`ngram@2,ngram@6`), otherwise --num-specula
 applies (for lookahead: its prompt-lookup candidate's length; the arm is named
 lookahead-wWnNgG-kK). Endpoints, `--endpoint NAME=URL` (repeatable); the method is read from
 the name (`vllm-off`, `sglang-eagle`, `ngram`, `trtllm-lookahead`...), "http" if none.
+Engine arms, `--engine vllm|sglang --methods off,ngram@4,suffix,draft:MODEL@3,eagle3:MODEL`: one
+server per method, launched by specwise (bench/launch/) with the flags of bench/engine_flags.py;
+named like in-process arms (`off`, `ngram-k4`, `eagle3-MODELNAME-k3`).
 """
 
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specwise.bench.engine_flags import SERVER_FORMS, SERVER_METHODS, speculative_flags
 from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specwise.errors import ConfigError
 
@@ -28,6 +32,7 @@ class ArmSpec:
     spec: str | None        # engine drafter string ("ngram", "draft:PATH", ...); None = off
     k: int | None           # draft tokens per step; 0 for off; None if unknown (endpoints)
     url: str | None = None
+    engine: str | None = None   # "vllm" / "sglang": a server specwise launches for this arm
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -37,6 +42,31 @@ def parse_methods(text: str, default_k: int) -> list[ArmSpec]:
     arms = [_method_arm(part.strip(), default_k) for part in _METHOD.findall(text) if part.strip()]
     if not arms:
         raise ConfigError("--methods: give at least one method, e.g. off,ngram")
+    return _unique(arms)
+
+
+def parse_engine_methods(text: str, engine: str, default_k: int) -> list[ArmSpec]:
+    """`--engine` arms: the methods a server can run (SERVER_FORMS), each checked by the translation."""
+    arms = []
+    for part in (part.strip() for part in text.split(",")):
+        if not part:
+            continue
+        spec, _, k_text = part.rpartition("@") if "@" in part else (part, "", "")
+        spec, k = spec.strip(), _k(k_text, part) if k_text else default_k
+        method = spec.partition(":")[0].strip().lower()
+        if method in ("off", "none"):
+            arms.append(ArmSpec(name="off", method="off", spec=None, k=0, engine=engine))
+            continue
+        if method not in SERVER_METHODS:
+            raise ConfigError(f"--methods {part!r}: with --engine use {SERVER_FORMS}")
+        if method in ("ngram", "suffix"):
+            SpeculativeConfig.parse(spec, k)                # the sizes' own check
+        speculative_flags(engine, spec, method, k)          # a method the engine lacks stops here
+        argument = spec.partition(":")[2].strip()
+        label = method if method in ("ngram", "suffix") else f"{method}-{Path(argument).name or argument}"
+        arms.append(ArmSpec(name=f"{label}-k{k}", method=method, spec=spec, k=k, engine=engine))
+    if not arms:
+        raise ConfigError("--methods: give at least one method, e.g. off,ngram@4")
     return _unique(arms)
 
 

@@ -5,19 +5,21 @@ every finished request to requests.jsonl as it ends (an interrupted run keeps th
 Start: every target starts (the HTTP client opens, the endpoint is checked), then each
 arm sends its warm-up requests one at a time (recorded with warmup=True, excluded from
 figures). Then for each load point, round after round, each arm in the schedule's order
-is activated (the in-process engine switches its drafter; an endpoint needs nothing)
-and serves the round's requests.
+is activated (the in-process engine switches its drafter; an endpoint needs nothing; a
+launched server in blocks is started, then warmed up) and serves the round's requests.
 
 Bounds, per arm and load point: --duration D gives each arm D seconds of sending over
 the point's rounds; requests still running when its time there reaches 2D are cut off
 (counted in run.json "cut_off"). A closed-loop point always measures its first wave.
-No round starts once an arm's time is spent. With --precision, rounds go on past the
+No round starts once an arm's time is spent. In blocks (launched servers, one at a time) each
+block sends for at most D / blocks seconds, so the blocks share an arm's time. With --precision, rounds go on past the
 planned requests (the order cycles) until every compared ratio's interval is narrow
 enough (bench/stats/precision.py), or the time or --num-requests cap is reached.
 With a schedule's settle S, an arm that serves right after another first waits S seconds (a
 server sharing the machine can keep a core busy after its last request; the pause is not
 counted in any arm's time). Server-side speculative counters are read around each point
-(run.json "server_acceptance").
+(run.json "server_acceptance"; "requests_agree": whether the responses' own per-request counters
+sum to the same drafts, draft tokens and accepted tokens).
 """
 
 import asyncio
@@ -65,7 +67,9 @@ class Runner:
                 for target in self.targets:
                     await target.start()
                     started.append(target)
-                for target in self.targets:
+                # blocks: the first arm warms up last, so its server is up for the first round
+                first_up = reversed(self.targets) if self.schedule.kind == "blocks" else self.targets
+                for target in first_up:
                     self.view.arm_started(target.name)
                     await target.activate()
                     await self._warm_up(target)
@@ -110,7 +114,8 @@ class Runner:
         for index, (start, end) in enumerate(rounds(cap, size)):
             requests, offsets = self._round(point, start, end)
             for target in self.schedule.arm_order(index, self.targets):
-                await target.activate()
+                if await target.activate():         # a launched server (re)started: warm it up again
+                    await self._warm_up(target)
                 await self._run_round(target, point, index, requests, offsets, state[target.name])
             if self._point_done(state, end, len(planned)):
                 break
@@ -130,6 +135,8 @@ class Runner:
         send_limit = None if duration is None else duration - arm["used"]
         if send_limit is not None and send_limit <= 0:
             return
+        if send_limit is not None and self.schedule.kind == "blocks":
+            send_limit = min(send_limit, duration / self.schedule.blocks)   # every block gets its share
         await self._settle(target)
         self.view.point_started(target.name, point, len(requests))
         slot = Slot(point.kind, point.value, self.run_start, round=index)
@@ -171,7 +178,13 @@ class Runner:
         metrics = point_metrics(arm["finished"], self.slo)
         counters = difference(before, await target.server_acceptance())
         if counters is not None:
-            entry = self._note(target, point, "server_acceptance", dataclasses.asdict(counters))
+            values = dataclasses.asdict(counters)
+            if metrics.acceptance is not None and counters.drafts is not None:
+                # per-request counters (the responses) against the server's own over the same point
+                mine = metrics.acceptance
+                values["requests_agree"] = (mine.drafts, mine.draft_tokens, mine.accepted_tokens) == (
+                    counters.drafts, counters.draft_tokens, counters.accepted_tokens)
+            entry = self._note(target, point, "server_acceptance", values)
             metrics.acceptance = metrics.acceptance or server_acceptance_stats(entry)
         self.view.point_done(target.name, point, metrics, arm["cut_off"])
 

@@ -1,39 +1,21 @@
 """Ready-to-paste serving configuration for a drafter that paid in the evaluation.
 
-vLLM: `--speculative-config` JSON (method ngram / draft_model, num_speculative_tokens; for n-gram
-prompt_lookup_min/max = our n-gram sizes). The dynamic variant adds
-`num_speculative_tokens_per_batch_size`, a list of [lo, hi, k] batch-size ranges
-(KTable.to_vllm_ranges; k = 0 turns speculation off in that range); it needs a vLLM release
-with dynamic speculative decoding.
-Suffix decoding: vLLM `{"method": "suffix", "num_speculative_tokens": k,
-"suffix_decoding_max_tree_depth": D}` (vLLM bounds its global cache in requests,
-`suffix_decoding_max_cached_requests`, not tokens: left at its default, 0 where ours was off);
-SGLang `--speculative-algorithm SUFFIX --speculative-num-draft-tokens k+1`.
+The flags themselves come from the one translation, bench/engine_flags.py, which the
+launcher (`specwise evaluate --engine`) uses too: what is measured is what is recommended.
+Here: the dynamic variant, which adds `num_speculative_tokens_per_batch_size` to vLLM's
+config, a list of [lo, hi, k] batch-size ranges (KTable.to_vllm_ranges; k = 0 turns
+speculation off in that range; it needs a vLLM release with dynamic speculative decoding),
+the shell text of each, and the notes for methods a server lacks.
 Lookahead decoding: vLLM and SGLang have none; TensorRT-LLM's LLM API takes
 `speculative_config=LookaheadDecodingConfig(max_window_size=W, max_ngram_size=N,
 max_verification_set_size=G)` (our W, N, G), also given to trtllm-serve as
 `speculative_config: {decoding_type: Lookahead, ...}` in --extra_llm_api_options.
-SGLang: `--speculative-algorithm NGRAM | STANDALONE` with a chain of k drafts:
-`--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
-(the draft-token count includes the verified root token).
-Our eagle / medusa heads get a note instead: servers read EAGLE / Medusa checkpoints of their own format.
 """
 
-import json
-
+from specwise.bench.engine_flags import (VLLM_NEEDS, command_text, note, sglang_flags as sglang_words, vllm_flags,
+                                        vllm_speculative_config)
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.k_table import KTable
-
-_VLLM_METHODS = {"draft": "draft_model"}
-_SGLANG_ALGORITHMS = {"draft": "STANDALONE"}
-_OWN_FORMAT = ("specwise's {} heads are in its own format; vLLM ({}) and SGLang{} need a checkpoint in theirs, "
-               "trained for the same target")
-NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
-                                      "the closest there is a small draft model or EAGLE heads.",
-                        "eagle": _OWN_FORMAT.format("EAGLE", "method eagle", " (EAGLE)"),
-                        "medusa": _OWN_FORMAT.format("Medusa", "method medusa", " (no Medusa)"),
-                        "lookahead": "vLLM and SGLang have no lookahead decoding; TensorRT-LLM has it "
-                                     "(config below); the closest in vLLM/SGLang is ngram (prompt lookup)."}
 
 
 def batch_size_table(arms, max_batch: int) -> list[list[int]]:
@@ -57,50 +39,27 @@ def batch_size_table(arms, max_batch: int) -> list[list[int]]:
     return KTable(tuple(steps)).to_vllm_ranges(max(max_batch, int(loads[-1])))
 
 
-def vllm_config(spec: str, method: str, k: int, table: list[list[int]]) -> dict:
-    base = _vllm_base(spec, method, k)
+def vllm_config(spec: str, method: str, k: int, table: list[list[int]], checkpoint: str = "specwise") -> dict:
+    base = vllm_speculative_config(spec, method, k, checkpoint)
     if base is None:
-        return {"vllm": None, "vllm_dynamic": None,
-                "vllm_note": NO_SERVER_EQUIVALENT.get(method, f"no vLLM equivalent known for {spec}")}
+        return {"vllm": None, "vllm_dynamic": None, "vllm_note": note("vLLM", spec, method)}
     dynamic = None
     if table and len({row[2] for row in table}) > 1:
         dynamic = dict(base, num_speculative_tokens=max(row[2] for row in table),
                        num_speculative_tokens_per_batch_size=table)
     return {"vllm": base, "vllm_dynamic": dynamic,
-            "vllm_args": f"--speculative-config '{json.dumps(base)}'",
-            "vllm_dynamic_args": f"--speculative-config '{json.dumps(dynamic)}'" if dynamic else None,
-            "vllm_note": "" if dynamic is None else
-            "The batch-size table needs a vLLM release with dynamic speculative decoding; "
-            "older releases reject the key: use the fixed config there."}
+            "vllm_args": command_text(vllm_flags(base)),
+            "vllm_dynamic_args": command_text(vllm_flags(dynamic)) if dynamic else None,
+            "vllm_note": " ".join(filter(None, [VLLM_NEEDS.get(method), None if dynamic is None else
+                                  "The batch-size table needs a vLLM release with dynamic speculative decoding "
+                                  "(0.32 has it); older releases reject the key: use the fixed config there."]))}
 
 
-def sglang_flags(spec: str, method: str, k: int) -> dict:
-    argument = spec.partition(":")[2]
-    if method in ("ngram", "suffix"):
-        return {"sglang": f"--speculative-algorithm {method.upper()} --speculative-num-draft-tokens {k + 1}",
-                "sglang_note": ""}
-    if method in _SGLANG_ALGORITHMS and argument:
-        return {"sglang": (f"--speculative-algorithm {_SGLANG_ALGORITHMS[method]} "
-                           f"--speculative-draft-model-path {argument} --speculative-num-steps {k} "
-                           f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"),
-                "sglang_note": ""}
-    return {"sglang": None, "sglang_note": NO_SERVER_EQUIVALENT.get(method, f"no SGLang equivalent known for {spec}")}
-
-
-def _vllm_base(spec: str, method: str, k: int) -> dict | None:
-    argument = spec.partition(":")[2]
-    if method == "ngram":
-        sizes = SpeculativeConfig.parse(spec, k)
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": sizes.ngram_min_n,
-                "prompt_lookup_max": sizes.ngram_max_n}
-    if method == "suffix":
-        suffix = SpeculativeConfig.parse(spec, k)
-        config = {"method": "suffix", "num_speculative_tokens": k,
-                  "suffix_decoding_max_tree_depth": suffix.suffix_max_depth}
-        return config if suffix.suffix_cache_tokens else dict(config, suffix_decoding_max_cached_requests=0)
-    if method in _VLLM_METHODS and argument:
-        return {"method": _VLLM_METHODS[method], "model": argument, "num_speculative_tokens": k}
-    return None
+def sglang_flags(spec: str, method: str, k: int, checkpoint: str = "specwise") -> dict:
+    words = sglang_words(spec, method, k, checkpoint)
+    if words is None:
+        return {"sglang": None, "sglang_note": note("SGLang", spec, method)}
+    return {"sglang": command_text(words), "sglang_note": ""}
 
 
 def trtllm_config(spec: str, method: str) -> dict:

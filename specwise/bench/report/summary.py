@@ -154,6 +154,7 @@ def add_comparisons(summary: Summary, groups: dict[tuple, list[RequestRecord]]) 
     level = criteria.get("confidence") or DEFAULT_LEVEL
     seed = (summary.run.get("config") or {}).get("seed") or 0
     keys = [key for key in shown_keys(summary.run) if interval_keys(key)]
+    blocks = (summary.run.get("schedule") or {}).get("kind") == "blocks"
     for row in summary.rows:
         base_records = groups.get((summary.baseline, row.load_kind, row.load_value))
         if row.arm == summary.baseline or base_records is None:
@@ -174,7 +175,7 @@ def add_comparisons(summary: Summary, groups: dict[tuple, list[RequestRecord]]) 
         if row.category != ALL and len(pairs) < MIN_CATEGORY_PAIRS:
             continue
         label = f"{row.arm}|{row.load_kind}|{row.load_value}|{row.category}"
-        comparison = compare(pairs, keys, row.load_kind == "concurrency", level, seed, label)
+        comparison = compare(pairs, keys, row.load_kind == "concurrency", level, seed, label, blocks)
         for key, interval in comparison.intervals.items():
             row.speedup[key] = interval.estimate
             row.intervals[key] = interval.to_list()
@@ -201,12 +202,55 @@ def _notes(run: dict, records: list[RequestRecord]) -> list[str]:
         notes.append(f"{workload['skipped_rows']} malformed input row(s) skipped (--skip-bad-rows).")
     if workload.get("clipped"):
         notes.append(f"{workload['clipped']} trace request(s) clipped to fit the model's context length.")
-    if run.get("server_acceptance"):
-        notes.append("Acceptance of endpoint arms comes from the server's Prometheus counters, "
-                     "per load point; per-category acceptance is unknown for them.")
+    per_request = {r.arm for r in records if r.drafts is not None}
+    counted = {entry["arm"] for entry in run.get("server_acceptance", []) if entry.get("drafts") or entry.get("rate")}
+    if counted - per_request:
+        notes.append(f"Acceptance of {', '.join(sorted(counted - per_request))} comes from the server's Prometheus "
+                     "counters, per load point; per-category acceptance is unknown for them.")
+    if counted & per_request:
+        agree = [entry.get("requests_agree") for entry in run["server_acceptance"]
+                 if entry["arm"] in per_request and entry.get("drafts")]
+        notes.append(f"Acceptance of {', '.join(sorted(counted & per_request))} is read from each response "
+                     "(per request, so per category too); the server's Prometheus counters over the same load "
+                     f"points {'agree' if all(agree) else 'differ at ' + str(agree.count(False)) + ' of them'} "
+                     "(run.json server_acceptance).")
+    launched = {server["arm"] for server in (run.get("launch") or {}).get("servers", [])}
+    if (per_request & launched) - counted:
+        notes.append(f"Acceptance of {', '.join(sorted((per_request & launched) - counted))} is read from each "
+                     "response (per request, so per category too).")
+    notes += launch_notes(run)
     cut = sum(entry["requests"] for entry in run.get("cut_off", []))
     if cut:
         notes.append(f"{cut} request(s) still running at twice --duration were cut off; figures leave them out.")
     if run.get("interrupted"):
         notes.append("The run was interrupted: figures cover the requests that finished.")
+    return notes
+
+
+def launch_notes(run: dict) -> list[str]:
+    """What `evaluate --engine` launched: commands, versions, logs, pairing, restarts, exits."""
+    launch = run.get("launch")
+    if not launch:
+        return []
+    servers = launch["servers"]
+    versions = sorted({server.get("version") or "version unknown" for server in servers})
+    restarts = f", {launch['restarts']} restart(s)" if launch["pairing"] == "blocks" else ""
+    notes = [f"Servers launched by specwise: {launch['engine']} {', '.join(versions)}, paired "
+             f"{launch['pairing']}{restarts}. " + " ".join(
+                 f"{server['arm']}: `{server['command']}` (log: {server['log']}, {server['starts']} start(s))."
+                 for server in servers)]
+    refused = [server["arm"] for server in servers if server.get("per_request_refused")]
+    if refused:
+        notes.append(f"The engine refused per-request acceptance (--per-request-spec-decode-metrics, vLLM 0.32 on) "
+                     f"for {', '.join(refused)}: relaunched without it; their acceptance comes from the server's "
+                     "Prometheus counters where the pairing kept them (side by side), else it is unknown.")
+    for server in servers:
+        for exit_ in server.get("exits", []):
+            notes.append(f"The server of {server['arm']} exited mid-run (exit code {exit_['code']}, start "
+                         f"{exit_['start']}, at {exit_['time']}); its requests from then on count as errors. "
+                         f"Its log ended: {' | '.join(exit_.get('last_lines') or [])}")
+    if run.get("launch_error"):
+        notes.append(f"Launch failed: {run['launch_error']}")
+    if run.get("stopped"):
+        notes.append(f"The run stopped early: {run['stopped']}.")
     return notes

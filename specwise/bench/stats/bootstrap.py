@@ -13,6 +13,11 @@ n (it uses z rather than t, and a variance divided by n rather than n - 1), so i
 levels are widened to alpha' / 2 = Phi(-sqrt(n / (n - 1)) * t(n - 1, 1 - alpha / 2)).
 Worked example: at n = 10 and 95%, t = 2.262, alpha'/2 = Phi(-2.384) = 0.86%, so the
 interval runs from the 0.86th to the 99.14th percentile of the resampled ratios.
+
+Blocks (launched servers paired in blocks, bench/launch/pool.py): every request of a block
+ran on the same server start, and a start's speed can differ from the next (placement,
+caches, a neighbour), so requests within a block are not independent. There whole blocks
+are resampled and n is the number of blocks: fewer blocks, wider intervals.
 """
 
 import math
@@ -60,6 +65,18 @@ def resample_indices(n: int, seed: int, resamples: int = RESAMPLES) -> np.ndarra
     indices = rng.integers(0, n, size=(resamples, n))
     indices[0] = np.arange(n)
     return indices
+
+
+def resample_blocks(blocks, seed: int, resamples: int = RESAMPLES) -> tuple[list[np.ndarray], int]:
+    """Block bootstrap: per resample, the pair indices of as many blocks as there are, drawn
+    whole with replacement (the first resample is the sample itself); and the number of blocks,
+    the n of the interval. Worked example: blocks [0, 0, 1, 1] -> resamples such as [2, 3, 2, 3]."""
+    blocks = np.asarray(blocks)
+    members = [np.flatnonzero(blocks == label) for label in np.unique(blocks)]
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(members), size=(resamples, len(members)))
+    draws[0] = np.arange(len(members))
+    return [np.concatenate([members[block] for block in row]) for row in draws], len(members)
 
 
 def ratio_interval(estimates: np.ndarray, n: int, level: float) -> Interval | None:

@@ -14,7 +14,7 @@ MIN_PAIRS = 8
 
 
 def precise_enough(records: dict[str, list], baseline: str, keys: list[str], precision: float,
-                   level: float = DEFAULT_LEVEL, seed: int = 0) -> bool:
+                   level: float = DEFAULT_LEVEL, seed: int = 0, blocks: bool = False) -> bool:
     """`records`: the load point's records so far, by arm name."""
     base = records.get(baseline, [])
     closed_loop = bool(base) and base[0].load_kind == "concurrency"
@@ -24,7 +24,7 @@ def precise_enough(records: dict[str, list], baseline: str, keys: list[str], pre
         pairs = pair(mine, base)
         if len(pairs) < MIN_PAIRS:
             return False
-        intervals = compare(pairs, keys, closed_loop, level, seed, label=arm).intervals
+        intervals = compare(pairs, keys, closed_loop, level, seed, label=arm, blocks=blocks).intervals
         if any(key not in intervals or intervals[key].half_width() > precision for key in keys):
             return False
     return True
@@ -33,8 +33,11 @@ def precise_enough(records: dict[str, list], baseline: str, keys: list[str], pre
 class PrecisionCheck:
     """The runner's stop test for one run (bench/load/runner.py calls it with records by arm)."""
 
-    def __init__(self, baseline: str, keys: list[str], precision: float, level: float, seed: int):
+    def __init__(self, baseline: str, keys: list[str], precision: float, level: float, seed: int,
+                 blocks: bool = False):
         self.baseline, self.keys, self.precision, self.level, self.seed = baseline, keys, precision, level, seed
+        self.blocks = blocks
 
     def __call__(self, records: dict[str, list]) -> bool:
-        return precise_enough(records, self.baseline, self.keys, self.precision, self.level, self.seed)
+        return precise_enough(records, self.baseline, self.keys, self.precision, self.level, self.seed,
+                              self.blocks)

@@ -70,9 +70,10 @@ class Target(Protocol):
     async def start(self) -> None:
         """Get ready, once per run, before any request (open the HTTP client, check the endpoint)."""
 
-    async def activate(self) -> None:
+    async def activate(self) -> bool | None:
         """Make this arm the one being served, before each of its rounds (the in-process
-        engine switches its drafter; an endpoint needs nothing)."""
+        engine switches its drafter; an endpoint needs nothing; a launched server in blocks
+        starts). True when a server was (re)started: the runner warms it up again."""
 
     async def close(self) -> None:
         """Release what start() acquired; the run calls it once per arm."""

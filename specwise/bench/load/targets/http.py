@@ -5,6 +5,10 @@ reads the server-sent events up to `data: [DONE]`, and turns transport failures,
 errors and error objects inside the stream into TargetError (counted, never a crash).
 Our own server adds the request's speculative counters to its last chunk
 (`"specwise": {"speculative": true, "drafts": ..., ...}`): read as per-request acceptance.
+vLLM (0.32, `--per-request-spec-decode-metrics summary`) puts them on the usage chunk as
+`"metrics": {"speculative_decoding": {"num_spec_steps": drafts, "num_draft_tokens": ...,
+"num_accepted_draft_tokens": ..., "acceptance_histogram": [steps that accepted j drafts]}}`:
+accepted at position i = steps that accepted more than i, e.g. histogram [1, 2, 3] -> [5, 3].
 """
 
 import json
@@ -50,7 +54,7 @@ class HttpTarget:
             timeout=httpx.Timeout(self.timeout, connect=10.0), headers=self.headers,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         if self.model is None:
-            self.model = await self._first_model()
+            self.model = await self.first_model()
 
     async def activate(self) -> None:
         pass
@@ -106,6 +110,9 @@ class HttpTarget:
             if isinstance(counters, dict) and counters.get("speculative"):
                 yield Acceptance(counters["drafts"], counters["draft_tokens"], counters["accepted_tokens"],
                                  list(counters.get("accepted_per_position") or []))
+            acceptance = vllm_acceptance(payload.get("metrics"))
+            if acceptance is not None:
+                yield acceptance
         raise TargetError("stream ended without data: [DONE]")
 
     def _body(self, request: WorkloadRequest, chat: bool) -> dict:
@@ -121,12 +128,26 @@ class HttpTarget:
             body.update(ignore_eos=True, min_tokens=request.max_tokens)
         return body
 
-    async def _first_model(self) -> str | None:
+    async def first_model(self) -> str | None:
         try:
             response = await self._client.get(f"{self.root}/v1/models", timeout=10.0)
             return response.json()["data"][0]["id"]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return None
+
+
+def vllm_acceptance(metrics) -> Acceptance | None:
+    """vLLM's per-request `metrics.speculative_decoding` as Acceptance; None when absent."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    try:
+        histogram = [int(count) for count in spec.get("acceptance_histogram") or []]
+        per_position = [sum(histogram[position + 1:]) for position in range(max(len(histogram) - 1, 0))]
+        return Acceptance(int(spec["num_spec_steps"]), int(spec["num_draft_tokens"]),
+                          int(spec["num_accepted_draft_tokens"]), per_position)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 async def check_endpoint(name: str, base_url: str, headers: dict | None = None) -> None:

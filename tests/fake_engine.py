@@ -1,0 +1,209 @@
+"""A stand-in for `vllm serve` / `python -m sglang.launch_server` in the launcher's tests.
+
+    python tests/fake_engine.py [serve] [MODEL] --host H --port P [--model M | --model-path M]
+        [--speculative-config JSON | --speculative-algorithm A --speculative-num-draft-tokens N ...]
+        [--per-request-spec-decode-metrics summary]
+
+Serves GET /health, /v1/models, /version, /metrics (vLLM's spec-decode counters) and streams
+POST /v1/completions and /v1/chat/completions: one chunk per step, STEP_DELAY seconds a step;
+a speculating server emits 1 + accepted tokens a step, accepted = step % (k + 1), and with
+--per-request-spec-decode-metrics puts vLLM 0.32's `metrics.speculative_decoding` on the usage
+chunk. Unknown flags are rejected like argparse does (exit 2, "error: unrecognized arguments").
+Behaviour from the environment:
+  FAKE_ENGINE_START_DELAY   seconds before it listens (default 0.2)
+  FAKE_ENGINE_HANG          1: never listens (prints "loading weights" and sleeps)
+  FAKE_ENGINE_CRASH_AFTER   N: exits (code 3) in the middle of its Nth completion request
+  FAKE_ENGINE_CRASH_SPEC    1: only a speculating server crashes
+  FAKE_ENGINE_PID_DIR       writes <pid>.pid there for itself and its helper child
+  FAKE_ENGINE_CHILD         1: forks a helper process that lives as long as it (vLLM's engine core)
+  FAKE_ENGINE_OLD           1: has no --per-request-spec-decode-metrics (a vLLM before 0.32)
+  FAKE_ENGINE_IGNORE_TERM   1: ignores SIGTERM, noting it in <pid>.term (the launcher must SIGKILL it)
+  FAKE_ENGINE_STEP_DELAY    seconds per step (default 0.002)
+  FAKE_ENGINE_SLOWDOWN_FILE a file holding a factor; each start reads it, multiplies its step delay by
+                            it and writes factor * FAKE_ENGINE_SLOWDOWN_STEP back (speed drift between restarts)
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ENV = os.environ.get
+COUNTERS = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [], "requests": 0}
+LOCK = threading.Lock()
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="fake_engine")
+    parser.add_argument("words", nargs="*")              # "serve" and/or a positional model
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model")
+    parser.add_argument("--model-path")
+    parser.add_argument("--speculative-config")
+    if ENV("FAKE_ENGINE_OLD") != "1":         # FAKE_ENGINE_OLD=1: a vLLM before 0.32, without the flag
+        parser.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"))
+    parser.add_argument("--speculative-algorithm")
+    parser.add_argument("--speculative-num-draft-tokens", type=int)
+    parser.add_argument("--speculative-num-steps", type=int)
+    parser.add_argument("--speculative-eagle-topk", type=int)
+    parser.add_argument("--speculative-draft-model-path")
+    parser.add_argument("--max-model-len", type=int)
+    args = parser.parse_args()
+    per_request = getattr(args, "per_request_spec_decode_metrics", None)
+    if per_request not in (None, "none") and not args.speculative_config:
+        parser.exit(1, "ValueError: --per-request-spec-decode-metrics requires speculative decoding "
+                       "to be enabled (via --speculative-config).\n")
+    return args
+
+
+def draft_k(args) -> int:
+    if args.speculative_config:
+        return int(json.loads(args.speculative_config)["num_speculative_tokens"])
+    if args.speculative_num_draft_tokens:
+        return args.speculative_num_draft_tokens - 1
+    return 0
+
+
+def main() -> None:
+    args = parse()
+    pid_dir = ENV("FAKE_ENGINE_PID_DIR")
+    if ENV("FAKE_ENGINE_IGNORE_TERM") == "1":        # noted in <pid>.term, then ignored
+        signal.signal(signal.SIGTERM, lambda *_: pid_dir and open(os.path.join(pid_dir, f"{os.getpid()}.term"),
+                                                                   "w").close())
+    if ENV("FAKE_ENGINE_CHILD") == "1":
+        child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+        if pid_dir:
+            open(os.path.join(pid_dir, f"{child.pid}.pid"), "w").close()
+    if pid_dir:
+        open(os.path.join(pid_dir, f"{os.getpid()}.pid"), "w").close()
+    print(f"fake engine {os.getpid()}: loading weights for {args.model or args.model_path or args.words}",
+          flush=True)
+    if ENV("FAKE_ENGINE_HANG") == "1":
+        while True:
+            time.sleep(1)
+    time.sleep(float(ENV("FAKE_ENGINE_START_DELAY", "0.2")))
+    delay = float(ENV("FAKE_ENGINE_STEP_DELAY", "0.002")) * slowdown()
+    model = args.model or args.model_path or next((w for w in args.words if w != "serve"), "fake")
+    handler = make_handler(model, draft_k(args), getattr(args, "per_request_spec_decode_metrics", None) == "summary",
+                           delay)
+    server = ThreadingHTTPServer((args.host, args.port), handler)
+    server.daemon_threads = True
+    print(f"fake engine serving on {args.host}:{args.port}", flush=True)
+    server.serve_forever()
+
+
+def slowdown() -> float:
+    path = ENV("FAKE_ENGINE_SLOWDOWN_FILE")
+    if not path:
+        return 1.0
+    with open(path) as file:
+        factor = float(file.read())
+    with open(path, "w") as file:
+        file.write(str(factor * float(ENV("FAKE_ENGINE_SLOWDOWN_STEP", "1"))))
+    return factor
+
+
+def make_handler(model: str, k: int, per_request: bool, delay: float):
+    crash_after = int(ENV("FAKE_ENGINE_CRASH_AFTER", "0"))
+    crashes = crash_after and (k > 0 or ENV("FAKE_ENGINE_CRASH_SPEC") != "1")
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _json(self, payload, status=200, content="application/json"):
+            body = payload if isinstance(payload, str) else json.dumps(payload)
+            self.send_response(status)
+            self.send_header("Content-Type", content)
+            self.send_header("Content-Length", str(len(body.encode())))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._json("", content="text/plain")
+            elif self.path == "/v1/models":
+                self._json({"object": "list", "data": [{"id": model, "object": "model"}]})
+            elif self.path == "/version":
+                self._json({"version": "0.0.1-fake"})
+            elif self.path == "/metrics":
+                self._json(metrics_text(), content="text/plain")
+            else:
+                self._json({"detail": "Not Found"}, status=404)
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            with LOCK:
+                COUNTERS["requests"] += 1
+                number = COUNTERS["requests"]
+            chat = self.path.endswith("/chat/completions")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            want, step, made = int(body.get("max_tokens") or 16), 0, 0
+            histogram, drafted = [0] * (k + 1), 0
+            while made < want:
+                time.sleep(delay)
+                accepted = min(step % (k + 1), max(want - made - 1, 0)) if k else 0
+                if k:
+                    histogram[accepted] += 1
+                    drafted += k
+                tokens = accepted + 1
+                made += tokens
+                step += 1
+                text = "tok " * tokens
+                choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+                self._event({"choices": [choice]})
+                if crashes and number == crash_after and step == 2:
+                    os._exit(3)
+            if k:
+                with LOCK:
+                    record(histogram, drafted)
+            usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": made,
+                                              "total_tokens": 7 + made}}
+            if k and per_request:
+                steps = sum(histogram)
+                accepted = sum(j * n for j, n in enumerate(histogram))
+                usage["metrics"] = {"speculative_decoding": {
+                    "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+                    "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+                    "acceptance_histogram": histogram, "num_spec_steps": steps,
+                    "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted, "num_spec_tokens": k}}
+            self._event(usage)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+        def _event(self, payload):
+            self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
+            self.wfile.flush()
+
+    return Handler
+
+
+def record(histogram, drafted) -> None:
+    COUNTERS["drafts"] += sum(histogram)
+    COUNTERS["draft_tokens"] += drafted
+    COUNTERS["accepted"] += sum(j * n for j, n in enumerate(histogram))
+    positions = len(histogram) - 1
+    COUNTERS["per_pos"] += [0] * (positions - len(COUNTERS["per_pos"]))
+    for position in range(positions):
+        COUNTERS["per_pos"][position] += sum(histogram[position + 1:])
+
+
+def metrics_text() -> str:
+    lines = [f"vllm:spec_decode_num_drafts_total {COUNTERS['drafts']}",
+             f"vllm:spec_decode_num_draft_tokens_total {COUNTERS['draft_tokens']}",
+             f"vllm:spec_decode_num_accepted_tokens_total {COUNTERS['accepted']}"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {n}'
+              for i, n in enumerate(COUNTERS["per_pos"])]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
