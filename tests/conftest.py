@@ -1,5 +1,7 @@
 """Shared test set-up."""
 
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,19 @@ torch.set_num_threads(1)
 # A KV cache big enough that the shared tiny engine never preempts.
 # fp32: the exactness and parity tests compare token for token
 TINY_ENGINE = dict(dtype="float32", num_kv_blocks=512, block_size=4, max_model_len=96, max_num_batched_tokens=1024)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """Compiled graphs (models/compile_cache.py) go to a directory of this session, never the user's cache; a
+    server a test starts inherits it. Tests that count compilations point it at their own directory."""
+    previous = os.environ.get("SPECWISE_COMPILE_CACHE")
+    os.environ["SPECWISE_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compiled"))
+    yield
+    if previous is None:
+        os.environ.pop("SPECWISE_COMPILE_CACHE")
+    else:
+        os.environ["SPECWISE_COMPILE_CACHE"] = previous
 
 
 @pytest.fixture(scope="session")

@@ -11,13 +11,22 @@ On a tiny random fp32 target:
     lookahead's draft trees) is token for token the compiled engine's output without it, in a continuous
     batch (serve compiles by default); layer_skip's graphs are compiled when it is set up, not by its
     first requests.
+  - the graphs are kept on disk (models/compile_cache.py): a second engine with the same settings loads
+    every one and compiles none, a corrupt package is compiled again with a note, and greedy outputs are
+    the same either way; an entry made for other settings is emptied with a note; each setting the
+    graphs depend on changes the entry.
 """
+
+import json
 
 import pytest
 import torch
 
 from capability_marks import needs_cxx
 from specwise.engine.llm import LLM
+from specwise.models import compile_cache, compiled as compiled_module
+from specwise.models.compile_cache import CompileCache, entry_key
+from specwise.models.loader import build_model
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 
@@ -38,8 +47,9 @@ def compiled(checkpoint):
     return LLM(checkpoint=checkpoint, compile=True, **ENGINE)
 
 
-def graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+def graphs(llm) -> int:
+    """The compiled graphs the engine holds: one it had to make in the middle of a step would add one."""
+    return len(llm.engine.runner.forward_fn.runs)
 
 
 def mixed_step(runner):
@@ -91,7 +101,7 @@ def test_layer_skip_depth_runs_its_own_graph(checkpoint, compiled):
 
 
 def test_no_recompilation_after_warm_up(compiled):
-    before = graphs()
+    before = graphs(compiled)
     runner = compiled.engine.runner
     for num_seqs in (1, 2, 3, 5, 8):
         tables = [list(range(8 * i, 8 * i + 8)) for i in range(num_seqs)]
@@ -99,20 +109,20 @@ def test_no_recompilation_after_warm_up(compiled):
         none = runner.forward([[7] * (3 + i) for i in range(num_seqs)], [0] * num_seqs, tables, [0] * num_seqs)
         assert none.shape == (0, runner.model.config.vocab_size)
         runner.forward([[8] for _ in range(num_seqs)], [3 + i for i in range(num_seqs)], tables, [1] * num_seqs)
-    assert graphs() == before
+    assert graphs(compiled) == before
 
 
 def test_layer_skip_graphs_compile_when_the_drafter_is_set_up(compiled):
     """A layer-skip drafter's shorter forward is compiled when it is chosen, so its first requests
     (a server's first clients) do not wait minutes: generating with it compiles nothing more."""
-    before = graphs()
+    before = graphs(compiled)
     compiled.engine.set_speculative("layer_skip:2", 3)
-    compiled_at_set_up = graphs()
+    compiled_at_set_up = graphs(compiled)
     assert compiled_at_set_up > before
     drafts = compiled.engine.stats.drafts
     compiled.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert compiled.engine.stats.drafts > drafts
-    assert graphs() == compiled_at_set_up
+    assert graphs(compiled) == compiled_at_set_up
     compiled.engine.set_speculative(None, 0)
 
 
@@ -127,3 +137,88 @@ def test_greedy_speculation_under_compile_equals_plain(checkpoint, compiled, spe
     assert compiled.engine.stats.drafts > drafts
     assert got == expected
     compiled.engine.set_speculative(None, 0)
+
+
+@pytest.fixture
+def compile_calls(monkeypatch):
+    """Graphs compiled while the test runs (each a call of compiled.compile_graph)."""
+    calls = []
+    compile_graph = compiled_module.compile_graph
+
+    def counted(module, example, dynamic_shapes, autotune, path):
+        calls.append(path)
+        compile_graph(module, example, dynamic_shapes, autotune, path)
+
+    monkeypatch.setattr(compiled_module, "compile_graph", counted)
+    return calls
+
+
+def greedy(llm) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    return [out.output_token_ids for out in llm.generate(PROMPTS, params)]
+
+
+def test_a_second_engine_loads_every_graph_from_the_cache(checkpoint, compiled, compile_calls, capfd):
+    compiled.engine.set_speculative(None, 0)
+    second = LLM(checkpoint=checkpoint, compile=True, **ENGINE)
+    assert compile_calls == [] and second.engine.runner.forward_fn.num_compiled == 0
+    assert "loaded 8 compiled graphs" in capfd.readouterr().err
+    assert greedy(second) == greedy(compiled)
+
+
+def test_a_corrupt_cached_graph_is_compiled_again_with_a_note(checkpoint, compiled, compile_calls, capfd):
+    compiled.engine.set_speculative(None, 0)
+    cache = compiled.engine.runner.forward_fn.cache
+    package = cache.path("logits-1")
+    data = bytearray(package.read_bytes())
+    for offset in range(len(data) // 3, len(data) // 3 + 10):     # inside the compiled code or its constants
+        data[offset] ^= 0xFF
+    package.write_bytes(bytes(data))
+    again = LLM(checkpoint=checkpoint, compile=True, **ENGINE)
+    err = capfd.readouterr().err
+    assert len(compile_calls) == 1 and again.engine.runner.forward_fn.num_compiled == 1
+    assert f"the cached graph {package} does not load (its checksum does not match)" in err
+    assert "compiling the LM head's 1-row graph (5 of 8)" in err
+    assert greedy(again) == greedy(compiled)
+
+
+def test_an_entry_made_for_other_settings_is_emptied_with_a_note(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    key = {"weights": "abc", "threads": 1}
+    first = CompileCache(key)
+    first.store("forward-1", lambda path: open(path, "wb").write(b"graph"))
+    assert first.path("forward-1").is_file() and capfd.readouterr().err == ""
+    assert CompileCache(key).path("forward-1").is_file()          # the same settings: kept
+    (first.directory / "key.json").write_text(json.dumps({"weights": "other", "threads": 1}))
+    reopened = CompileCache(key)
+    assert reopened.directory == first.directory and not reopened.path("forward-1").exists()
+    assert "was made for other settings" in capfd.readouterr().err
+
+
+def test_the_cache_is_off_when_asked(monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV, "off")
+    cache = CompileCache({"weights": "abc"})
+    assert not cache.kept and compile_cache.cache_root() is None
+
+
+def test_every_setting_the_graphs_depend_on_changes_the_entry(checkpoint, monkeypatch):
+    model = build_model(checkpoint, torch.float32, "cpu", 64)
+    base = entry_key(model, torch.float32, (1, 2, 4))
+    assert entry_key(model, torch.float32, (1, 2, 4)) == base
+    other_weights = build_model(checkpoint, torch.float32, "cpu", 64)
+    other_weights.layers[0].mlp.down_proj.weight.data[0, 0] += 1
+    changed = [entry_key(other_weights, torch.float32, (1, 2, 4)), entry_key(model, torch.bfloat16, (1, 2, 4)),
+               entry_key(model, torch.float32, (1, 2))]
+    for name, value in [("get_cpu_capability", lambda: "NO AVX"), ("get_num_threads", lambda: 7)]:
+        with monkeypatch.context() as patch:
+            target = torch.backends.cpu if name == "get_cpu_capability" else torch
+            patch.setattr(target, name, value)
+            changed.append(entry_key(model, torch.float32, (1, 2, 4)))
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: not base["mkldnn_bf16"])
+        changed.append(entry_key(model, torch.float32, (1, 2, 4)))
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "__version__", "0.0")
+        changed.append(entry_key(model, torch.float32, (1, 2, 4)))
+    assert all(key != base for key in changed)
+    assert len({json.dumps(key, sort_keys=True) for key in changed}) == len(changed)

@@ -17,9 +17,12 @@ hint of a dynamic count ran 2x slower at 16 rows and 4x slower on a 163-token pr
 static bucket of 8 rows, autotuned, was 1.05-1.15x slower than the dynamic graph. The padding rows
 attend to nothing and write no cache slot (attention.py); 3 rows padded to 4 cost what 4 do.
 
-`CompiledForward` compiles every graph before the first request (minutes on two cores, at every
-start: with freezing, inductor's disk cache did not shorten a second start). A layer-skip drafter's
-shorter forward is four more graphs, compiled when the drafter is set up (`warm_up(num_layers=L)`),
+Each graph is exported (`torch.export`) and compiled ahead of time by AOTInductor into a package
+kept on disk (compile_cache.py): the first start compiles them (minutes on two cores, a line on
+stderr per graph), later starts load them in seconds. inductor's own disk cache cannot keep them
+(freezing's oneDNN-packed weights do not pickle), so torch.compile recompiled in full at every
+start. `CompiledForward` has every graph ready before the first request; a layer-skip drafter's
+shorter forward is four more graphs, ready when the drafter is set up (`warm_up(num_layers=L)`),
 not in the middle of its first requests. The LM head runs on the rows that are sampled, in graphs
 of its own bucketed the same way (`compute_logits`): the template reads it ~1.4x faster than
 oneDNN's packed linear at one row. A quantized LM head (int8) runs its kernel.
@@ -29,76 +32,91 @@ Measured on the 2-core VM (default model, bf16), see docs/engine.md.
 
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specwise.errors import ConfigError
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
+from specwise.models.compile_cache import CompileCache, entry_key, note, source_digest
 from specwise.models.llama import LlamaForCausalLM
 
 BUCKETS = (1, 2, 4)             # token counts with a static graph (C++ GEMM template); steps are padded up to one
-DYNAMIC_WARM_UP = 16            # the dynamic graph's first token count (its size hint)
+DYNAMIC_WARM_UP = 16            # the dynamic graphs' example token count
+
+source_digest(sys.modules[__name__])       # this file as imported, part of every cache entry's key (compile_cache.py)
+
+# A graph's callable: its inputs as a list (the loader's boxed call, without the per-call parsing of the
+# package's input spec that `AOTICompiledModel.__call__` does) -> its outputs as a list
+Run = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 
-class _Static(torch.nn.Module):
-    """The model (forward, compute_logits) under other code objects: dynamo keeps a cache of graphs per code
-    object, so the static buckets' graphs never meet the dynamic ones (a bucket's call would match the dynamic
-    graph's guards)."""
+class _Forward(torch.nn.Module):
+    """The forward through the first num_layers layers (None: all), tensors in and out, for export."""
 
+    def __init__(self, model: LlamaForCausalLM, num_layers: int | None):
+        super().__init__()
+        self.model = model
+        self.num_layers = num_layers
+
+    def forward(self, input_ids, positions, kv_cache):
+        return self.model(input_ids, positions, kv_cache, self.num_layers)
+
+
+class _Logits(torch.nn.Module):
     def __init__(self, model: LlamaForCausalLM):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, positions, kv_cache, num_layers=None):
-        return self.model(input_ids, positions, kv_cache, num_layers)
-
-    def compute_logits(self, hidden):
+    def forward(self, hidden):
         return self.model.compute_logits(hidden)
+
+
+@dataclass(frozen=True)
+class Graph:
+    kind: str                       # "forward" or "logits"
+    rows: int | None                # a bucket's token (row) count; None: the dynamic graph (more than the last)
+    num_layers: int | None = None   # forward: through the first num_layers layers (None: all)
+
+    @property
+    def name(self) -> str:
+        """The package's file name: forward-1, forward-n-2layers, logits-4, ..."""
+        depth = "" if self.num_layers is None else f"-{self.num_layers}layers"
+        return f"{self.kind}-{'n' if self.rows is None else self.rows}{depth}"
+
+    def describe(self) -> str:
+        size = f">{BUCKETS[-1]}" if self.rows is None else str(self.rows)
+        if self.kind == "logits":
+            return f"the LM head's {size}-row graph"
+        depth = "" if self.num_layers is None else f" {self.num_layers}-layer"
+        return f"the {size}-token{depth} graph"
 
 
 class CompiledForward:
     """model's forward, compiled (all graphs at construction): same arguments, same result within rounding."""
 
     def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor):
-        # freezing in inductor's global config: passed as an option (`torch.compile(options=...)`) it did not
-        # reach the passes that prepack the linears (torch 2.13: plain matmuls, 1.3x slower than eager)
-        torch._inductor.config.freezing = True
-        # each bucket is a graph, and so is each layer-skip depth at each bucket
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        # no guards on the modules: with freezing the graphs hold the weights as constants, so they already
-        # assume the model never changes; dynamo checked its ~300 parameters before every call (0.8 ms a step)
-        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        static = _Static(model)
-        self.static = torch.compile(static, dynamic=False, options=options)
-        self.static_logits = torch.compile(static.compute_logits, dynamic=False, options=options)
-        # dynamic=None and the token count marked dynamic at the first call: only that size is symbolic
-        # (dynamic=True also made the cache's sizes symbolic, and "duck sizing" tied a token count of 2 to
-        # the cache's 2, keys and values: every other count recompiled)
-        self.dynamic = torch.compile(model, dynamic=None, options=options)
-        self.dynamic_logits = torch.compile(model.compute_logits, dynamic=None, options=options)
         self.model = model
         # int8/int4 LM heads run their own kernels, not inductor's: eagerly
         self.logits_compiled = isinstance(model.lm_head, torch.nn.Linear)
-        try:
-            self.warm_up(kv_cache)
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            reason = str(error).strip().splitlines()[0]
-            raise ConfigError(f"--compile: inductor could not compile the model ({reason}). The usual cause is no "
-                              f"working C++ compiler (it needs g++ or clang++ on PATH, or CXX=...); --no-compile runs "
-                              f"the model without inductor") from error
+        self.cache = CompileCache(entry_key(model, kv_cache.dtype, BUCKETS, sys.modules[__name__]))
+        self.runs: dict[Graph, Run] = {}
+        self.loaded: set[Graph] = set()     # graphs whose package came from the cache
+        self.num_compiled = 0               # graphs compiled by this engine
+        self.warm_up(kv_cache)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                  num_layers: int | None = None) -> torch.Tensor:
         num_tokens = input_ids.shape[0]
         bucket = _bucket(num_tokens)
+        run = self._run(Graph("forward", bucket, num_layers), kv_cache)
         if bucket is None:
-            return self.dynamic(input_ids, positions, kv_cache, num_layers)
+            return run([input_ids, positions, kv_cache])[0]
         padding = (0, bucket - num_tokens)
-        hidden = self.static(F.pad(input_ids, padding), F.pad(positions, padding), kv_cache, num_layers)
-        return hidden[:num_tokens]
+        return run([F.pad(input_ids, padding), F.pad(positions, padding), kv_cache])[0][:num_tokens]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's compute_logits, compiled: rows padded to a bucket (none: to 1) or the dynamic graph."""
@@ -106,39 +124,124 @@ class CompiledForward:
             return self.model.compute_logits(hidden)
         num_rows = hidden.shape[0]
         bucket = _bucket(num_rows)
+        run = self._run(Graph("logits", bucket), None)
         if bucket is None:
-            return self.dynamic_logits(hidden)
-        return self.static_logits(F.pad(hidden, (0, 0, 0, bucket - num_rows)))[:num_rows]
+            return run([hidden])[0]
+        return run([F.pad(hidden, (0, 0, 0, bucket - num_rows))])[0][:num_rows]
 
     @torch.inference_mode()
     def warm_up(self, kv_cache: torch.Tensor, num_layers: int | None = None) -> None:
-        """Compile every graph of a forward through the first num_layers layers (None: all): prefills written to
-        the first slots (any sequence that later holds those blocks writes its own keys there before reading
-        them). A progress bar on stderr: it takes minutes."""
-        started = time.perf_counter()
-        sizes = BUCKETS + (DYNAMIC_WARM_UP,)
-        depth = "" if num_layers is None else f" {num_layers}-layer"
-        columns = (TextColumn("specwise: compiling the {task.fields[graph]} graph"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True)) as progress:
-            task = progress.add_task("compile", total=len(sizes), graph="")
-            for num_tokens in sizes:
-                input_ids = torch.zeros(num_tokens, dtype=torch.long, device=kv_cache.device)
-                slots = torch.arange(num_tokens, device=kv_cache.device)
-                with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, num_tokens)], [])):
-                    if num_tokens in BUCKETS:
-                        progress.update(task, graph=f"{num_tokens}-token{depth}")
-                        with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CPP"):
-                            self.compute_logits(self.static(input_ids, slots, kv_cache, num_layers))
-                    else:
-                        progress.update(task, graph=f">{BUCKETS[-1]}-token{depth}")
-                        torch._dynamo.mark_dynamic(input_ids, 0)
-                        torch._dynamo.mark_dynamic(slots, 0)
-                        hidden = self.dynamic(input_ids, slots, kv_cache, num_layers)
-                        torch._dynamo.mark_dynamic(hidden, 0)
-                        self.compute_logits(hidden)
-                progress.advance(task)
-        print(f"specwise: compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        """Make ready every graph of a forward through the first num_layers layers (None: all), from the cache
+        or compiled (a line on stderr for each: it takes minutes), and run each once: prefills written to the
+        first slots (any sequence that later holds those blocks writes its own keys there before reading them).
+        A cached graph that does not run is compiled again."""
+        started, compiled_before = time.perf_counter(), self.num_compiled
+        graphs = [Graph("forward", rows, num_layers) for rows in BUCKETS + (None,)]
+        if self.logits_compiled and num_layers is None:
+            graphs += [Graph("logits", rows) for rows in BUCKETS + (None,)]
+        for index, graph in enumerate(graphs):
+            progress = f" ({index + 1} of {len(graphs)})"
+            try:
+                self._ready(graph, kv_cache, progress)
+                self._try(graph, kv_cache)
+            except Exception as error:      # a cached package that loads but does not run
+                if graph not in self.loaded:
+                    raise
+                note(f"the cached graph {self.cache.path(graph.name)} does not run ({_first_line(error)}); "
+                     f"compiling it again")
+                self.cache.discard(graph.name)
+                del self.runs[graph]
+                self._ready(graph, kv_cache, progress)
+                self._try(graph, kv_cache)
+        compiled = self.num_compiled - compiled_before
+        where = f"kept in {self.cache.directory}" if self.cache.kept else "not kept: SPECWISE_COMPILE_CACHE is off"
+        verb = f"compiled {compiled} of {len(graphs)} graphs" if compiled else f"loaded {len(graphs)} compiled graphs"
+        note(f"{verb} in {time.perf_counter() - started:.0f} s ({where})")
+
+    def _run(self, graph: Graph, kv_cache: torch.Tensor | None) -> Run:
+        if graph not in self.runs:
+            self._ready(graph, kv_cache)
+        return self.runs[graph]
+
+    def _ready(self, graph: Graph, kv_cache: torch.Tensor | None, progress: str = "") -> None:
+        """Load graph's package from the cache, or compile it there (a corrupt package: again, with a note)."""
+        path = self.cache.path(graph.name)
+        if path.is_file():
+            try:
+                self.cache.verify(graph.name)
+                self.runs[graph] = _load(path)
+                self.loaded.add(graph)
+                return
+            except Exception as error:
+                note(f"the cached graph {path} does not load ({_first_line(error)}); compiling it again")
+                self.cache.discard(graph.name)
+        self.loaded.discard(graph)
+        self.num_compiled += 1
+        note(f"compiling {graph.describe()}{progress}")
+        module, example, dynamic_shapes = self._exportable(graph, kv_cache)
+        try:
+            path = self.cache.store(graph.name, lambda scratch: compile_graph(module, example, dynamic_shapes,
+                                                                               graph.rows is not None, scratch))
+        except Exception as error:
+            if not _is_compile_failure(error):
+                raise
+            raise ConfigError(f"--compile: inductor could not compile the model ({_first_line(error)}). The usual "
+                              f"cause is no working C++ compiler (it needs g++ or clang++ on PATH, or CXX=...); "
+                              f"--no-compile runs the model without inductor") from error
+        self.runs[graph] = _load(path)
+
+    def _exportable(self, graph: Graph, kv_cache: torch.Tensor | None):
+        """(module, example inputs, dynamic shapes) to export graph from."""
+        rows = DYNAMIC_WARM_UP if graph.rows is None else graph.rows
+        # more rows than the last bucket; the cache's slots are free too, so one package serves any cache size
+        dynamic = torch.export.Dim("rows", min=BUCKETS[-1] + 1)
+        if graph.kind == "logits":
+            hidden = torch.zeros(rows, self.model.config.hidden_size, dtype=self.model.norm.weight.dtype)
+            return _Logits(self.model), (hidden,), ({0: dynamic} if graph.rows is None else None,)
+        slots = torch.export.Dim("slots")
+        token_dims = {0: dynamic} if graph.rows is None else None
+        example = (torch.zeros(rows, dtype=torch.long), torch.arange(rows), kv_cache)
+        return _Forward(self.model, graph.num_layers), example, (token_dims, token_dims, {3: slots})
+
+    def _try(self, graph: Graph, kv_cache: torch.Tensor) -> None:
+        """Run graph once on a prefill of its example size written to the first slots."""
+        rows = DYNAMIC_WARM_UP if graph.rows is None else graph.rows
+        if graph.kind == "logits":
+            self.runs[graph]([torch.zeros(rows, self.model.config.hidden_size, dtype=kv_cache.dtype)])
+            return
+        slots = torch.arange(rows, device=kv_cache.device)
+        with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, rows)], [])):
+            self.runs[graph]([torch.zeros(rows, dtype=torch.long, device=kv_cache.device), slots, kv_cache])
+
+
+def compile_graph(module: torch.nn.Module, example: tuple, dynamic_shapes: tuple, autotune: bool,
+                  path: str) -> None:
+    """Export module at the example inputs and compile it with AOTInductor into a package at path. Freezing:
+    the weights are constants, oneDNN's linears prepacked; autotune (a bucket's static graph): the matmuls are
+    inductor's C++ GEMM template, the only choice, so nothing is benchmarked."""
+    options = {"freezing": True}
+    if autotune:
+        options.update(max_autotune=True, max_autotune_gemm_backends="CPP")
+    with torch.inference_mode(False), torch.no_grad():
+        exported = torch.export.export(module, example, dynamic_shapes=dynamic_shapes, strict=False)
+        torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=options)
+
+
+def _load(path: Path) -> Run:
+    """The package's loader, built as `torch._inductor.aoti_load_package` builds it but without importing
+    inductor (its Python side): five of the default model's graphs loaded in 2.1 s against 5.7-6.6 s."""
+    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1).boxed_run
+
+
+def _is_compile_failure(error: Exception) -> bool:
+    """An error from compiling (inductor is imported by then): C++ compiler missing or failing."""
+    inductor = torch._inductor.exc
+    return isinstance(error, (inductor.CppCompileError, inductor.InductorError, FileNotFoundError, PermissionError))
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def _bucket(num_rows: int) -> int | None:
