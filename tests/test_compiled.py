@@ -17,6 +17,7 @@ On a tiny random fp32 target:
     graphs depend on changes the entry.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -24,7 +25,7 @@ import torch
 
 from capability_marks import needs_cxx
 from specwise.engine.llm import LLM
-from specwise.models import compile_cache, compiled as compiled_module
+from specwise.models import capabilities, compile_cache, compiled as compiled_module
 from specwise.models.compile_cache import CompileCache, entry_key
 from specwise.models.loader import build_model
 from specwise.sampling_params import SamplingParams
@@ -209,13 +210,14 @@ def test_every_setting_the_graphs_depend_on_changes_the_entry(checkpoint, monkey
     other_weights.layers[0].mlp.down_proj.weight.data[0, 0] += 1
     changed = [entry_key(other_weights, torch.float32, (1, 2, 4)), entry_key(model, torch.bfloat16, (1, 2, 4)),
                entry_key(model, torch.float32, (1, 2))]
-    for name, value in [("get_cpu_capability", lambda: "NO AVX"), ("get_num_threads", lambda: 7)]:
+    caps = capabilities.cpu_capabilities()
+    for other_cpu in (dataclasses.replace(caps, isa="NO AVX"),
+                      dataclasses.replace(caps, onednn_bf16=not caps.onednn_bf16)):
         with monkeypatch.context() as patch:
-            target = torch.backends.cpu if name == "get_cpu_capability" else torch
-            patch.setattr(target, name, value)
+            patch.setattr(capabilities, "cpu_capabilities", lambda: other_cpu)
             changed.append(entry_key(model, torch.float32, (1, 2, 4)))
     with monkeypatch.context() as patch:
-        patch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: not base["mkldnn_bf16"])
+        patch.setattr(torch, "get_num_threads", lambda: 7)
         changed.append(entry_key(model, torch.float32, (1, 2, 4)))
     with monkeypatch.context() as patch:
         patch.setattr(torch, "__version__", "0.0")

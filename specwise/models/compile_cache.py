@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from specwise.models import attention, llama, quantize, rope
+from specwise.models import attention, capabilities, llama, quantize, rope
 from specwise.models.default_model import cache_dir
 
 ENV = "SPECWISE_COMPILE_CACHE"
@@ -88,8 +88,7 @@ def entry_key(model: torch.nn.Module, dtype: torch.dtype, buckets: tuple[int, ..
         "code": code_digest(*code_modules),
         "buckets": list(buckets),
         "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "cpu": capabilities.cpu_capabilities().to_dict(),      # ISA, and which kernels run (capabilities.py)
         "threads": torch.get_num_threads(),
     }
 
