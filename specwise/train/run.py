@@ -12,6 +12,7 @@ import torch
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import target_signature
+from specwise.models.drafter_export import check_format, export_drafter
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
 from specwise.train.card import model_card
@@ -86,6 +87,8 @@ def identity(config: TrainConfig, prepared: Prepared) -> dict:
 
 def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) -> Path:
     out = Path(config.out).expanduser()
+    if config.export:                       # a format this kind cannot be written in stops before training
+        check_format(config.kind, config.export, out)
     started = time.perf_counter()
     prepared = prepare(config, checkpoint)
     data_seconds = time.perf_counter() - started
@@ -104,6 +107,11 @@ def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) ->
         raise
     training = training_facts(config, prepared, state, data_seconds)
     objective.export(out, model_card(training), training)
+    if config.export:
+        exported = export_drafter(out, config.export, out / f"export-{config.export}", prepared.checkpoint)
+        for note in exported.notes:
+            log(f"converted: {note}")
+        log(f"exported to {exported.out}; serve with {exported.launch}")
     return out
 
 
