@@ -6,7 +6,6 @@ from specwise.errors import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4")     # weight-only formats, see specwise/models/quantize.py
-EXPORT_FORMATS = ("vllm", "sglang")          # engines a trained drafter exports to (models/drafter_export.py)
 MAX_SPECULATIVE_TOKENS = 16                  # the largest k anywhere: engine, k tables, arms, calculators
 # A step of up to this many tokens is bound by reading the weights, not by computing: at batch 1 the
 # default model reads its 270 MB in ~25 ms, and one core computes ~1 ms of bf16 matmuls per token

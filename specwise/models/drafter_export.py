@@ -24,20 +24,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from specwise.config import EXPORT_FORMATS
 from specwise.errors import ConfigError, ModelLoadError
 from specwise.models.drafter_checkpoint import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, load_drafter, read_drafter_config
+from specwise.models.export_formats import EXPORT_FORMATS, SGLANG_COMMIT, SGLANG_REFUSALS, VLLM_METHODS, VLLM_VERSION
 from specwise.models.loader import Checkpoint
 from specwise.models.vllm_eagle import write_eagle
 from specwise.models.vllm_medusa import write_medusa
 
-VLLM_VERSION = "0.32.0"          # the vLLM release whose loaders these formats were read from
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
-SGLANG_REFUSALS = {
-    "eagle": "SGLang's EAGLE draft models apply no final norm to the draft's output (and none before layer 0's "
-             "attention), and specwise's EAGLE head has both; serve it with vLLM (--format vllm)",
-    "medusa": "SGLang has no Medusa method; serve Medusa heads with vLLM (--format vllm)",
-}
 
 
 @dataclass
@@ -152,12 +146,12 @@ def launch_setting(kind: str, fmt: str, out: Path) -> str:
     """How the engine is told to use OUT (k: num_speculative_tokens, here 4)."""
     if fmt == "sglang":
         return f"--speculative-algorithm STANDALONE --speculative-draft-model-path {out}"
-    method = {"eagle": "eagle", "medusa": "medusa", "draft": "draft_model"}[kind]
+    method = VLLM_METHODS[kind]
     return f"--speculative-config '{{\"method\": \"{method}\", \"model\": \"{out}\", \"num_speculative_tokens\": 4}}'"
 
 
 def export_card(directory: Path, kind: str, fmt: str, notes: list[str]) -> str:
-    engine = f"vLLM {VLLM_VERSION}" if fmt == "vllm" else "SGLang"
+    engine = f"vLLM {VLLM_VERSION}" if fmt == "vllm" else f"SGLang (commit {SGLANG_COMMIT})"
     what = {"eagle": "an EAGLE head as vLLM's EagleMistralForCausalLM (method eagle)",
             "medusa": "Medusa heads as vLLM's MedusaModel (method medusa)",
             "draft": "a distilled draft model, a Hugging Face directory"}[kind]

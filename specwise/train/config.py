@@ -2,8 +2,9 @@
 
 from dataclasses import dataclass, field
 
-from specwise.config import DTYPES, EXPORT_FORMATS, MAX_SPECULATIVE_TOKENS
+from specwise.config import DTYPES, MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
+from specwise.models.export_formats import EXPORT_FORMATS
 
 KINDS = ("eagle", "medusa", "draft")
 

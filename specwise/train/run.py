@@ -13,6 +13,7 @@ from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import target_signature
 from specwise.models.drafter_export import check_format, export_drafter
+from specwise.models.export_formats import export_dir
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
 from specwise.train.card import model_card
@@ -108,7 +109,7 @@ def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) ->
     training = training_facts(config, prepared, state, data_seconds)
     objective.export(out, model_card(training), training)
     if config.export:
-        exported = export_drafter(out, config.export, out / f"export-{config.export}", prepared.checkpoint)
+        exported = export_drafter(out, config.export, export_dir(str(out), config.export), prepared.checkpoint)
         for note in exported.notes:
             log(f"converted: {note}")
         log(f"exported to {exported.out}; serve with {exported.launch}")

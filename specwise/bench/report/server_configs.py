@@ -16,22 +16,28 @@ max_verification_set_size=G)` (our W, N, G), also given to trtllm-serve as
 SGLang: `--speculative-algorithm NGRAM | STANDALONE` with a chain of k drafts:
 `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
 (the draft-token count includes the verified root token).
-Our eagle / medusa heads get a note instead: servers read EAGLE / Medusa checkpoints of their own format.
+Our eagle:DIR / medusa:DIR heads: vLLM's method eagle / medusa with "model" at DIR/export-vllm, which
+`specwise export-drafter DIR --format vllm` (or train-drafter --export vllm) writes; the note gives the
+command. SGLang cannot hold our EAGLE head (no final norm in its EAGLE models) and has no Medusa: a note
+says so (models/export_formats.py).
 """
 
 import json
 
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.k_table import KTable
+from specwise.models.export_formats import SGLANG_REFUSALS, VLLM_METHODS, export_command, export_dir
 
 _VLLM_METHODS = {"draft": "draft_model"}
 _SGLANG_ALGORITHMS = {"draft": "STANDALONE"}
-_OWN_FORMAT = ("specwise's {} heads are in its own format; vLLM ({}) and SGLang{} need a checkpoint in theirs, "
-               "trained for the same target")
+HEADS = ("eagle", "medusa")         # our heads: served from an exported directory
+_EXPORT_FIRST = ("export the head's directory first: specwise export-drafter DIR --format vllm --out OUT, then "
+                 "{{\"method\": \"{}\", \"model\": OUT}} (the built-in head's DIR is "
+                 "specwise/models/heads/<target>/{})")
 NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
                                       "the closest there is a small draft model or EAGLE heads.",
-                        "eagle": _OWN_FORMAT.format("EAGLE", "method eagle", " (EAGLE)"),
-                        "medusa": _OWN_FORMAT.format("Medusa", "method medusa", " (no Medusa)"),
+                        "eagle": _EXPORT_FIRST.format("eagle", "eagle"),
+                        "medusa": _EXPORT_FIRST.format("medusa", "medusa"),
                         "lookahead": "vLLM and SGLang have no lookahead decoding; TensorRT-LLM has it "
                                      "(config below); the closest in vLLM/SGLang is ngram (prompt lookup)."}
 
@@ -66,12 +72,16 @@ def vllm_config(spec: str, method: str, k: int, table: list[list[int]]) -> dict:
     if table and len({row[2] for row in table}) > 1:
         dynamic = dict(base, num_speculative_tokens=max(row[2] for row in table),
                        num_speculative_tokens_per_batch_size=table)
+    notes = []
+    if method in HEADS:
+        notes.append(f"Export the head first: {export_command(spec.partition(':')[2], 'vllm')}.")
+    if dynamic is not None:
+        notes.append("The batch-size table needs a vLLM release with dynamic speculative decoding; "
+                     "older releases reject the key: use the fixed config there.")
     return {"vllm": base, "vllm_dynamic": dynamic,
             "vllm_args": f"--speculative-config '{json.dumps(base)}'",
             "vllm_dynamic_args": f"--speculative-config '{json.dumps(dynamic)}'" if dynamic else None,
-            "vllm_note": "" if dynamic is None else
-            "The batch-size table needs a vLLM release with dynamic speculative decoding; "
-            "older releases reject the key: use the fixed config there."}
+            "vllm_note": " ".join(notes)}
 
 
 def sglang_flags(spec: str, method: str, k: int) -> dict:
@@ -84,6 +94,8 @@ def sglang_flags(spec: str, method: str, k: int) -> dict:
                            f"--speculative-draft-model-path {argument} --speculative-num-steps {k} "
                            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"),
                 "sglang_note": ""}
+    if method in SGLANG_REFUSALS:
+        return {"sglang": None, "sglang_note": SGLANG_REFUSALS[method] + "."}
     return {"sglang": None, "sglang_note": NO_SERVER_EQUIVALENT.get(method, f"no SGLang equivalent known for {spec}")}
 
 
@@ -100,6 +112,8 @@ def _vllm_base(spec: str, method: str, k: int) -> dict | None:
         return config if suffix.suffix_cache_tokens else dict(config, suffix_decoding_max_cached_requests=0)
     if method in _VLLM_METHODS and argument:
         return {"method": _VLLM_METHODS[method], "model": argument, "num_speculative_tokens": k}
+    if method in HEADS and argument:
+        return {"method": VLLM_METHODS[method], "model": export_dir(argument, "vllm"), "num_speculative_tokens": k}
     return None
 
 
