@@ -101,7 +101,7 @@ def _open_permissions(directory: Path) -> None:
 def _write(directory: Path, kind: str, fmt: str, staging: Path, target: Checkpoint) -> Export:
     export = Export(out=staging, kind=kind)
     if kind == "draft":
-        _write_draft_model(directory, staging, target, export)
+        _write_draft_model(directory, staging, target)
     else:
         drafter, head = load_drafter(directory, target.config, target.tokenizer, torch.float32)
         dtype = stored_dtype(directory / WEIGHTS_FILE)
@@ -117,7 +117,7 @@ def _write(directory: Path, kind: str, fmt: str, staging: Path, target: Checkpoi
     return export
 
 
-def _write_draft_model(directory: Path, staging: Path, target: Checkpoint, export: Export) -> None:
+def _write_draft_model(directory: Path, staging: Path, target: Checkpoint) -> None:
     try:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError) as e:
