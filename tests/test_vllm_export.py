@@ -38,4 +38,7 @@ def test_vllm_with_the_exported_head_gives_the_target_s_greedy_output(tmp_path):
         acceptance = parse_snapshot(server.metrics(), 0.0, "vllm").acceptance
 
     assert speculated == alone
-    assert acceptance.drafts > 0 and acceptance.accepted_tokens > 0        # the head drafted, and was right at times
+    # the head drafts what the target says about as often as in our engine (~0.1 of draft tokens on the suite);
+    # a mis-laid weight (fc halves unswapped, say) drafts noise: next to no token accepted
+    rate = acceptance.accepted_tokens / acceptance.draft_tokens
+    assert acceptance.drafts > 0 and rate > 0.05, f"{acceptance}"
