@@ -64,7 +64,7 @@ def check_format(kind: str, fmt: str, directory: Path | str) -> None:
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
     if fmt == "sglang" and kind in SGLANG_REFUSALS:
-        raise ConfigError(f"{directory}: cannot export a {kind} head for SGLang: {SGLANG_REFUSALS[kind]}")
+        raise ConfigError(f"{directory}: cannot export this {kind} drafter for SGLang: {SGLANG_REFUSALS[kind]}")
 
 
 def export_drafter(directory: str | Path, fmt: str, out: str | Path, target: Checkpoint) -> Export:
