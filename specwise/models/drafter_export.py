@@ -67,11 +67,17 @@ def check_format(kind: str, fmt: str, directory: Path | str) -> None:
         raise ConfigError(f"{directory}: cannot export this {kind} drafter for SGLang: {SGLANG_REFUSALS[kind]}")
 
 
-def export_drafter(directory: str | Path, fmt: str, out: str | Path, target: Checkpoint) -> Export:
-    directory, out = Path(directory).expanduser(), Path(out).expanduser()
-    check_out(out)
-    kind = drafter_kind(directory)
+def check_export(directory: str | Path, fmt: str, out: str | Path) -> str:
+    """Everything about an export that needs no target, checked before one is loaded -> the drafter's kind."""
+    check_out(Path(out).expanduser())
+    kind = drafter_kind(Path(directory).expanduser())
     check_format(kind, fmt, directory)
+    return kind
+
+
+def export_drafter(directory: str | Path, fmt: str, out: str | Path, target: Checkpoint) -> Export:
+    kind = check_export(directory, fmt, out)
+    directory, out = Path(directory).expanduser(), Path(out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
