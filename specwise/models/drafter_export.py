@@ -3,7 +3,8 @@
     eagle  -> vLLM: EagleMistralForCausalLM (vllm_eagle.py); the draft vocabulary, which vLLM's EAGLE
               path cannot hold, is expanded to the full vocabulary (drafts may then differ where the
               full vocabulary's argmax lies outside it)
-    medusa -> vLLM: MedusaModel (vllm_medusa.py), the draft vocabulary as its token_map
+    medusa -> vLLM: MedusaModel (vllm_medusa.py); the draft vocabulary expanded too (vLLM 0.32.0 fails
+              to load the token_map its format has for it)
     draft  -> vLLM and SGLang: the HF directory as it is (vLLM's method draft_model, SGLang's STANDALONE)
 
 SGLang's EAGLE draft models (python/sglang/srt/models/llama_eagle.py, read at commit 034b3be) apply no
@@ -31,6 +32,10 @@ from specwise.models.loader import Checkpoint
 from specwise.models.vllm_eagle import write_eagle
 from specwise.models.vllm_medusa import write_medusa
 
+VOCABULARY_REASONS = {          # why a draft vocabulary cannot be kept, per kind
+    "eagle": "vLLM's EAGLE method drafts over the target's whole LM head",
+    "medusa": "vLLM 0.32.0's Medusa loader fails on the token_map that would hold it (vllm_medusa.py)",
+}
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
@@ -111,14 +116,13 @@ def _write(directory: Path, kind: str, fmt: str, staging: Path, target: Checkpoi
     else:
         drafter, head = load_drafter(directory, target.config, target.tokenizer, torch.float32)
         dtype = stored_dtype(directory / WEIGHTS_FILE)
+        if drafter.draft_vocab is not None:
+            export.notes.append(f"draft vocabulary of {len(drafter.draft_vocab)} tokens expanded to the full "
+                                f"{target.config.vocab_size}: {VOCABULARY_REASONS[kind]}")
         if kind == "eagle":
-            if drafter.draft_vocab is not None:
-                export.notes.append(
-                    f"draft vocabulary of {len(drafter.draft_vocab)} tokens expanded to the full "
-                    f"{target.config.vocab_size}: vLLM's EAGLE method drafts over the target's whole LM head")
             write_eagle(staging, head, dtype)
         else:
-            write_medusa(staging, head, target_lm_head(target), drafter.draft_vocab, dtype)
+            write_medusa(staging, head, target_lm_head(target), dtype)
     (staging / CARD_FILE).write_text(export_card(directory, kind, fmt, export.notes))
     return export
 

