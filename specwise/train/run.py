@@ -82,7 +82,8 @@ def identity(config: TrainConfig, prepared: Prepared) -> dict:
     signature = target_signature(config_, tokenizer)
     target = (f"{prepared.target_name} (hidden_size {signature['hidden_size']}, vocab_size {signature['vocab_size']}, "
               f"{signature['num_hidden_layers']} layers, tokenizer {signature['tokenizer_sha256'][:12]})")
-    kept = {name: value for name, value in asdict(config).items() if name not in ("resume", "num_threads", "out")}
+    kept = {name: value for name, value in asdict(config).items()
+            if name not in ("resume", "num_threads", "out", "export")}
     return {"target model": target, **kept, "data_key": prepared.data_key}
 
 
@@ -128,7 +129,7 @@ def training_facts(config: TrainConfig, prepared: Prepared, state: LoopState, da
                  "prompts_per_category": prepared.prompts_per_category,
                  "train_tokens": corpus.num_tokens(corpus.split(False)), "held_out_tokens": corpus.num_tokens(held)},
         "settings": {name: value for name, value in asdict(config).items()
-                     if name not in ("out", "target", "data", "resume", "num_threads")},
+                     if name not in ("out", "target", "data", "resume", "num_threads", "export")},
         "steps": state.step, "wall_seconds": round(state.seconds, 1), "data_seconds": round(data_seconds, 1),
         "machine": f"{cpu_name()}, {torch.get_num_threads()} torch threads ({os.cpu_count()} cores)",
         "held_out_acceptance": final,
