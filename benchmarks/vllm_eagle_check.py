@@ -49,7 +49,8 @@ DEFAULT_MODEL = Path.home() / ".cache/specwise/smollm2-135m-instruct-hf"
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="target as an HF directory (benchmarks/export_hf.py)")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL),
+                        help="target as an HF directory (benchmarks/export_hf.py)")
     parser.add_argument("--drafter", default=None, help="EAGLE drafter directory (default: the shipped head)")
     parser.add_argument("--categories", default=",".join(CATEGORIES))
     parser.add_argument("--per-category", type=int, default=2)
@@ -61,7 +62,8 @@ def parse_args(argv=None):
     parser.add_argument("--vllm-args", default="--enforce-eager",
                         help="more vLLM flags for both servers (default --enforce-eager: no minutes-long compile at "
                              "each start; acceptance and greedy output are what is checked, not speed)")
-    parser.add_argument("--out", default=str(ROOT / "specwise-results" / f"vllm-eagle-{time.strftime('%Y%m%d-%H%M%S')}"))
+    parser.add_argument("--out", default=str(ROOT / "specwise-results" /
+                                             f"vllm-eagle-{time.strftime('%Y%m%d-%H%M%S')}"))
     return parser.parse_args(argv)
 
 

@@ -83,7 +83,8 @@ def hf_weights(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
             if not config.tie_word_embeddings:
                 weights[name] = tensor.detach()
         else:
-            weights.update({f"model.{part}": piece for part, piece in split_fused(name, tensor.detach(), config).items()})
+            parts = split_fused(name, tensor.detach(), config)
+            weights.update({f"model.{part}": piece for part, piece in parts.items()})
     return weights
 
 

@@ -54,8 +54,8 @@ class TrainConfig:
     feature_weight: float = field(default=1.0, metadata={"help": "eagle: weight of the feature regression "
                                                                  "(smooth L1) next to the token cross entropy"})
     export: str | None = field(default=None, metadata={
-        "help": f"also write the trained drafter in an engine's format ({', '.join(EXPORT_FORMATS)}) to OUT/export-FORMAT "
-                f"(as `specwise export-drafter OUT --format FORMAT` does)"})
+        "help": f"also write the trained drafter in an engine's format ({', '.join(EXPORT_FORMATS)}) to "
+                f"OUT/export-FORMAT (as `specwise export-drafter OUT --format FORMAT` does)"})
     init_from_target: bool = field(default=False, metadata={
         "help": "eagle: start the head's decoder layer from the target's last one (measured on SmolLM2-135M: "
                 "worse than a random start)"})
