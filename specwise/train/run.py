@@ -12,6 +12,8 @@ import torch
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import target_signature
+from specwise.models.drafter_export import check_format, export_drafter
+from specwise.models.export_formats import export_dir
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
 from specwise.train.card import model_card
@@ -80,12 +82,15 @@ def identity(config: TrainConfig, prepared: Prepared) -> dict:
     signature = target_signature(config_, tokenizer)
     target = (f"{prepared.target_name} (hidden_size {signature['hidden_size']}, vocab_size {signature['vocab_size']}, "
               f"{signature['num_hidden_layers']} layers, tokenizer {signature['tokenizer_sha256'][:12]})")
-    kept = {name: value for name, value in asdict(config).items() if name not in ("resume", "num_threads", "out")}
+    kept = {name: value for name, value in asdict(config).items()
+            if name not in ("resume", "num_threads", "out", "export")}
     return {"target model": target, **kept, "data_key": prepared.data_key}
 
 
 def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) -> Path:
     out = Path(config.out).expanduser()
+    if config.export:                       # a format this kind cannot be written in stops before training
+        check_format(config.kind, config.export, out)
     started = time.perf_counter()
     prepared = prepare(config, checkpoint)
     data_seconds = time.perf_counter() - started
@@ -104,6 +109,11 @@ def run(config: TrainConfig, checkpoint: Checkpoint | None = None, log=print) ->
         raise
     training = training_facts(config, prepared, state, data_seconds)
     objective.export(out, model_card(training), training)
+    if config.export:
+        exported = export_drafter(out, config.export, export_dir(str(out), config.export), prepared.checkpoint)
+        for note in exported.notes:
+            log(f"converted: {note}")
+        log(f"exported to {exported.out}; serve with {exported.launch}")
     return out
 
 
@@ -119,7 +129,7 @@ def training_facts(config: TrainConfig, prepared: Prepared, state: LoopState, da
                  "prompts_per_category": prepared.prompts_per_category,
                  "train_tokens": corpus.num_tokens(corpus.split(False)), "held_out_tokens": corpus.num_tokens(held)},
         "settings": {name: value for name, value in asdict(config).items()
-                     if name not in ("out", "target", "data", "resume", "num_threads")},
+                     if name not in ("out", "target", "data", "resume", "num_threads", "export")},
         "steps": state.step, "wall_seconds": round(state.seconds, 1), "data_seconds": round(data_seconds, 1),
         "machine": f"{cpu_name()}, {torch.get_num_threads()} torch threads ({os.cpu_count()} cores)",
         "held_out_acceptance": final,

@@ -6,16 +6,18 @@ Here: the dynamic variant, which adds `num_speculative_tokens_per_batch_size` to
 config, a list of [lo, hi, k] batch-size ranges (KTable.to_vllm_ranges; k = 0 turns
 speculation off in that range; it needs a vLLM release with dynamic speculative decoding),
 the shell text of each, and the notes for methods a server lacks.
+Our eagle:DIR / medusa:DIR heads point at DIR/export-vllm, with the export command in the note.
 Lookahead decoding: vLLM and SGLang have none; TensorRT-LLM's LLM API takes
 `speculative_config=LookaheadDecodingConfig(max_window_size=W, max_ngram_size=N,
 max_verification_set_size=G)` (our W, N, G), also given to trtllm-serve as
 `speculative_config: {decoding_type: Lookahead, ...}` in --extra_llm_api_options.
 """
 
-from specwise.bench.engine_flags import (VLLM_NEEDS, command_text, note, sglang_flags as sglang_words, vllm_flags,
-                                        vllm_speculative_config)
+from specwise.bench.engine_flags import (HEADS, VLLM_NEEDS, command_text, note, sglang_flags as sglang_words,
+                                        vllm_flags, vllm_speculative_config)
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.k_table import KTable
+from specwise.models.export_formats import export_command
 
 
 def batch_size_table(arms, max_batch: int) -> list[list[int]]:
@@ -50,7 +52,11 @@ def vllm_config(spec: str, method: str, k: int, table: list[list[int]], checkpoi
     return {"vllm": base, "vllm_dynamic": dynamic,
             "vllm_args": command_text(vllm_flags(base)),
             "vllm_dynamic_args": command_text(vllm_flags(dynamic)) if dynamic else None,
-            "vllm_note": " ".join(filter(None, [VLLM_NEEDS.get(method), None if dynamic is None else
+            "vllm_note": " ".join(filter(None, [
+                VLLM_NEEDS.get(method),
+                f"Export the head first: {export_command(spec.partition(':')[2], 'vllm')}."
+                if method in HEADS else None,
+                None if dynamic is None else
                                   "The batch-size table needs a vLLM release with dynamic speculative decoding "
                                   "(0.32 has it); older releases reject the key: use the fixed config there."]))}
 

@@ -1,0 +1,26 @@
+"""What each serving engine's drafter checkpoints can hold, and where an export goes; no torch, so
+train-drafter's flags and the report's server configs read it too (drafter_export.py writes the files).
+
+Formats read from vLLM 0.32.0's source and SGLang's (python/sglang/srt/models/, commit 034b3be).
+"""
+
+from pathlib import PurePath
+
+EXPORT_FORMATS = ("vllm", "sglang")
+VLLM_VERSION = "0.32.0"
+SGLANG_COMMIT = "034b3be"
+VLLM_METHODS = {"eagle": "eagle", "medusa": "medusa", "draft": "draft_model"}     # our kind -> vLLM's method
+SGLANG_REFUSALS = {
+    "eagle": "SGLang's EAGLE draft models apply no final norm to the draft's output (and none before layer 0's "
+             "attention), and specwise's EAGLE head has both; serve it with vLLM (--format vllm)",
+    "medusa": "SGLang has no Medusa method; serve Medusa heads with vLLM (--format vllm)",
+}
+
+
+def export_dir(drafter_dir: str, fmt: str) -> str:
+    """Where `train-drafter --export FORMAT` writes, and where the report's configs point: DIR/export-FORMAT."""
+    return str(PurePath(drafter_dir) / f"export-{fmt}")
+
+
+def export_command(drafter_dir: str, fmt: str) -> str:
+    return f"specwise export-drafter {drafter_dir} --format {fmt} --out {export_dir(drafter_dir, fmt)}"
