@@ -262,3 +262,19 @@ def test_sglang_arms_launch_with_the_sglang_flags(tmp_path, fake):
     assert servers[1]["argv"][-4:] == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]
     records = [r for r in read_records(outcome.results_dir) if not r.warmup]
     assert records and not any(r.error for r in records)
+
+
+def test_a_start_up_error_names_the_engines_root_cause_not_its_last_complaint():
+    """vLLM's worker raises first; its engine then logs a generic RuntimeError pointing "above"."""
+    log = ["(APIServer pid=1) WARNING 12-05 08:53:58 [system_utils.py:255] Found ulimit of 20000",
+           "(VllmWorker-0 pid=2) ERROR 12-05 08:54:13 [multiproc_executor.py:953] WorkerProc failed to start.",
+           "(VllmWorker-0 pid=2) ERROR 12-05 08:54:13 [multiproc_executor.py:953] ValueError: Available memory on "
+           "node 0 (21.51/23.54 GiB) on startup is less than desired CPU memory utilization (0.92, 21.66 GiB).",
+           "(EngineCore pid=3) ERROR 12-05 08:54:14 [core.py:1510] EngineCore failed to start.",
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    assert launch_server.engine_message(log) == ("ValueError: Available memory on node 0 (21.51/23.54 GiB) on startup "
+                                                 "is less than desired CPU memory utilization (0.92, 21.66 GiB).")
+    # no exception in the log (argparse's refusal): the last line that names an error
+    refused = ["usage: api_server.py [-h] ...", "api_server.py: error: unrecognized arguments: --bogus"]
+    assert launch_server.engine_message(refused) == refused[-1]
+    assert launch_server.engine_message([]) == "(its log is empty)"

@@ -17,6 +17,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -95,10 +96,10 @@ class LaunchedServer:
         return [_short(line) for line in kept[-lines:]]
 
     def engine_message(self) -> str:
-        """The engine's own complaint: the last log line that names an error, else the last lines."""
-        tail = self.log_tail(40)
-        errors = [line for line in tail if "error" in line.lower() or "invalid" in line.lower()]
-        return errors[-1] if errors else " | ".join(tail[-TAIL_LINES:]) or "(its log is empty)"
+        """The engine's own complaint: the first exception it raised (the root cause: vLLM's worker raises
+        "ValueError: Available memory ...", then its engine "RuntimeError: Engine core initialization failed.
+        See root cause above."), else the last log line that names an error, else the last lines."""
+        return engine_message(self.log_tail(200))
 
     def stop(self) -> None:
         """SIGTERM to the group, then SIGKILL to whatever is left; reaps the leader. Idempotent."""
@@ -222,6 +223,18 @@ def group_members(group: int) -> list[int]:
         if len(fields) > 2 and fields[2] == str(group) and fields[0] not in ("Z", "X"):
             members.append(int(entry))
     return members
+
+
+def engine_message(lines: list[str]) -> str:
+    """See LaunchedServer.engine_message: lines are the log's last ones, oldest first."""
+    raised = [match.group(0) for line in lines if (match := _RAISED.search(line))]
+    if raised:
+        return raised[0]
+    errors = [line for line in lines if "error" in line.lower() or "invalid" in line.lower()]
+    return errors[-1] if errors else " | ".join(lines[-TAIL_LINES:]) or "(its log is empty)"
+
+
+_RAISED = re.compile(r"\b[A-Z]\w*(?:Error|Exception): .+")     # "ValueError: ..." after any log prefix
 
 
 def _short(text: str, limit: int = 300) -> str:
