@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
+from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.tokenizer import Tokenizer
@@ -101,3 +103,19 @@ def write_hf_dir(out: str | Path, config: ModelConfig, weights: dict[str, torch.
     tokenizer.backend.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tokenizer), indent=2) + "\n")
     return out
+
+
+def write_checkpoint(out: Path, tensors: dict[str, torch.Tensor], config: dict, dtype: torch.dtype) -> None:
+    """config.json and model.safetensors (every tensor in dtype) into the directory out."""
+    save_file({name: tensor.to(dtype).contiguous() for name, tensor in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def read_checkpoint(directory: str | Path, what: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, the weights) of a directory write_checkpoint wrote; ModelLoadError naming `what` if unreadable."""
+    directory = Path(directory)
+    try:
+        return json.loads((directory / "config.json").read_text()), load_file(str(directory / "model.safetensors"))
+    except (OSError, ValueError, SafetensorError) as e:
+        raise ModelLoadError(directory, f"not a {what} directory: {e}") from None

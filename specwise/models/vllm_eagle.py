@@ -17,18 +17,15 @@ llama_eagle.py, transformers_utils/configs/eagle.py, v1/spec_decode/llm_base_pro
 The features vLLM passes are the target's final-normed hidden states, ours too.
 """
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle import EagleHead
-from specwise.models.hf_writer import split_fused
+from specwise.models.hf_writer import read_checkpoint, split_fused, write_checkpoint
 from specwise.models.rope import inverse_frequencies
 
 ARCHITECTURE = "EagleMistralForCausalLM"
@@ -80,19 +77,13 @@ def eagle_weights(head: EagleHead) -> dict[str, torch.Tensor]:
 
 
 def write_eagle(out: Path, head: EagleHead, dtype: torch.dtype) -> None:
-    tensors = {name: tensor.to(dtype).contiguous() for name, tensor in eagle_weights(head).items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(eagle_config(head.config, dtype), indent=2) + "\n")
+    write_checkpoint(out, eagle_weights(head), eagle_config(head.config, dtype), dtype)
 
 
 def read_eagle(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json and the weights of an exported head, checked as vLLM's loader would need them."""
     directory = Path(directory)
-    try:
-        config = json.loads((directory / "config.json").read_text())
-        weights = load_file(str(directory / "model.safetensors"))
-    except (OSError, ValueError, SafetensorError) as e:
-        raise ModelLoadError(directory, f"not a vLLM EAGLE directory: {e}") from None
+    config, weights = read_checkpoint(directory, "vLLM EAGLE")
     if config.get("architectures") != [ARCHITECTURE] or config.get("model_type") != MODEL_TYPE:
         raise ModelLoadError(directory, f"config.json names {config.get('architectures')}, not [{ARCHITECTURE!r}]")
     hidden, heads, kv_heads, head_dim = (config["hidden_size"], config["num_attention_heads"],

@@ -14,15 +14,13 @@ transformers_utils/configs/medusa.py, config/speculative.py):
   vocabulary and drafter_export.py says so.
 """
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from specwise.errors import ModelLoadError
+from specwise.models.hf_writer import read_checkpoint, write_checkpoint
 from specwise.models.medusa import MedusaHeads
 
 MODEL_TYPE, ARCHITECTURE = "medusa", "MedusaModel"
@@ -42,19 +40,12 @@ def write_medusa(out: Path, heads: MedusaHeads, lm_head: torch.Tensor, dtype: to
         tensors[f"blocks.{i}.layers.0.weight"] = block.linear.weight.detach()
         tensors[f"blocks.{i}.layers.0.bias"] = block.linear.bias.detach()
     tensors["lm_heads.0.weight"] = lm_head.detach()
-    tensors = {name: tensor.to(dtype).contiguous() for name, tensor in tensors.items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = medusa_config(heads, lm_head.shape[0], dtype)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_checkpoint(out, tensors, medusa_config(heads, lm_head.shape[0], dtype), dtype)
 
 
 def read_medusa(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     directory = Path(directory)
-    try:
-        config = json.loads((directory / "config.json").read_text())
-        weights = load_file(str(directory / "model.safetensors"))
-    except (OSError, ValueError, SafetensorError) as e:
-        raise ModelLoadError(directory, f"not a vLLM Medusa directory: {e}") from None
+    config, weights = read_checkpoint(directory, "vLLM Medusa")
     if config.get("model_type") != MODEL_TYPE:
         raise ModelLoadError(directory, f"config.json has model_type {config.get('model_type')!r}, not 'medusa'")
     hidden, vocab = config["hidden_size"], config["vocab_size"]
