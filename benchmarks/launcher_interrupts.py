@@ -22,17 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from specwise.bench.launch.server import process_alive
+
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = f"{sys.executable} {ROOT / 'tests' / 'fake_engine.py'} serve"
 ACTIONS = ("SIGINT", "SIGTERM", "SIGINT twice", "crash")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def one_run(index: int, rng: random.Random, work: Path) -> tuple[str, float, int, list[int], bool]:
@@ -69,7 +63,7 @@ def one_run(index: int, rng: random.Random, work: Path) -> tuple[str, float, int
     except subprocess.TimeoutExpired:
         process.kill()
         _, stderr = process.communicate()
-    left = [int(path.stem) for path in pid_dir.glob("*.pid") if alive(int(path.stem))]
+    left = [int(path.stem) for path in pid_dir.glob("*.pid") if process_alive(int(path.stem))]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     traceback = stderr.strip().splitlines()[-1] if "Traceback" in stderr else ""

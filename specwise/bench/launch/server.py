@@ -211,18 +211,27 @@ def _group_alive(group: int) -> bool:
 
 def group_members(group: int) -> list[int]:
     """Pids of the group's processes that are not zombies (Linux: read from /proc)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as file:
-                fields = file.read().rpartition(")")[2].split()     # after "pid (comm)": state, ppid, pgrp
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[2] == str(group) and fields[0] not in ("Z", "X"):
-            members.append(int(entry))
-    return members
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()
+            if (fields := _stat(int(entry))) and len(fields) > 2 and fields[2] == str(group) and _running(fields)]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether pid runs (a zombie does not; Linux: read from /proc)."""
+    fields = _stat(pid)
+    return bool(fields) and _running(fields)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat after "pid (comm)": state, ppid, pgrp, ...; None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as file:
+            return file.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _running(fields: list[str]) -> bool:
+    return fields[0] not in ("Z", "X")
 
 
 def engine_message(lines: list[str]) -> str:
