@@ -13,6 +13,10 @@ needs_onednn_bf16 = pytest.mark.skipif(not _caps.onednn_bf16,
                                        reason=f"needs {capabilities.NEEDS['onednn_bf16']}; this CPU: {_caps.isa}")
 needs_native_bf16 = pytest.mark.skipif(not _caps.native_bf16,
                                        reason=f"needs native bf16 instructions; this CPU: {_caps.isa}")
+# A test whose outcome depends on the CPU's kernels, dtype choice or compiler. `make test` runs these a second
+# time held to AVX2 (no AVX-512, no native bf16) on a CPU that has more; tests/test_markers.py checks that a
+# file naming a kernel, a reduced dtype or compiling carries it.
+cpu_kernels = pytest.mark.cpu_kernels
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("clang++") is None,
                                reason="needs a C++ compiler (g++ or clang++) for inductor")
 

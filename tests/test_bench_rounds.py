@@ -32,6 +32,7 @@ from specwise.bench.results import read_records
 from specwise.bench.stats.precision import PrecisionCheck
 from specwise.errors import ConfigError
 from specwise.models.capabilities import compute_dtype, cpu_capabilities, linear_path
+from capability_marks import cpu_kernels
 
 WORKLOAD = [WorkloadRequest(f"{category}-{i}", category, prompt="p", max_tokens=4)
             for category in ("code", "chat", "math") for i in range(4)]
@@ -195,6 +196,7 @@ def test_precision_needs_a_cap_and_quick_asks_for_it():
     assert quick.precision == 0.05 and quick.duration == 12.0
 
 
+@cpu_kernels
 def test_methods_and_endpoints_in_one_run(tmp_path):
     torch = pytest.importorskip("torch")  # noqa: F841
     from specwise.bench.evaluate import evaluate

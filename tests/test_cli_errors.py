@@ -4,7 +4,10 @@ import pytest
 
 from specwise.cli import main
 from specwise.models.capabilities import compute_dtype, describe_kernels
+from capability_marks import cpu_kernels
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
+
+pytestmark = cpu_kernels
 
 SMALL = ["--num-kv-blocks", "32", "--max-model-len", "64", "--max-num-batched-tokens", "64"]
 

@@ -23,7 +23,7 @@ import json
 import pytest
 import torch
 
-from capability_marks import needs_cxx
+from capability_marks import cpu_kernels, needs_cxx
 from specwise.engine.llm import LLM
 from specwise.models import capabilities, compile_cache, compiled as compiled_module
 from specwise.models.compile_cache import CompileCache, entry_key
@@ -31,7 +31,7 @@ from specwise.models.loader import build_model
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 
-pytestmark = needs_cxx          # inductor writes and builds C++
+pytestmark = [needs_cxx, cpu_kernels]          # inductor writes and builds C++
 
 ENGINE = dict(dtype="float32", num_kv_blocks=256, block_size=4, max_model_len=128, max_num_batched_tokens=512)
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "x",

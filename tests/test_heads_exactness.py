@@ -41,9 +41,12 @@ from specwise.models.builtin_heads import HEADS_PATH_VARIABLE, find_builtin_head
 from specwise.models.loader import build_model, load_checkpoint
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
+from capability_marks import cpu_kernels
 from test_spec_exactness import (BATCH_ONE_PROMPTS, ENGINE, PROMPTS, REAL_PARAMS, REAL_PROMPTS,  # noqa: F401
                                  TARGET_LAYERS, check_all_free, check_counters, expected_output, greedy, real_llm,
                                  real_reference, references, run, run_continuous_batch_exactly, write_tiny_model)
+
+pytestmark = cpu_kernels
 
 MEDUSA_HEADS = 5
 DRAFTERS = {"eagle": MAX_SPECULATIVE_TOKENS, "medusa": MEDUSA_HEADS}     # drafter -> largest k

@@ -8,6 +8,7 @@ from specwise.errors import ModelLoadError
 from specwise.models import loader
 from specwise.models.config import ModelConfig
 from specwise.models.loader import load_checkpoint
+from capability_marks import cpu_kernels
 from tiny_checkpoints import (make_tiny_hf_config, random_state_dict, real_model_path,  # noqa: F401 (fixture)
                               write_gguf_checkpoint, write_hf_checkpoint)
 
@@ -36,6 +37,7 @@ def test_hf_directory_round_trips_exactly(tmp_path, arch, tie, shards):
     assert checkpoint.path == tmp_path / "model"
 
 
+@cpu_kernels
 def test_hf_weights_are_cast_to_the_compute_dtype_and_extra_tensors_dropped(tmp_path):
     hf_config = make_tiny_hf_config("llama", tie=True)
     state = random_state_dict(hf_config)

@@ -9,7 +9,9 @@ from specwise.config import EngineConfig
 from specwise.errors import ConfigError
 from specwise.models import capabilities
 from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear, bf16_linear, pack_weights
-from capability_marks import needs_onednn_bf16, pretend_missing
+from capability_marks import cpu_kernels, needs_onednn_bf16, pretend_missing
+
+pytestmark = cpu_kernels
 
 # relative Frobenius error of the output against x @ W.T in fp32, per format (inputs ~N(0, 1),
 # weights ~N(0, 0.05)): bf16 rounds activations and weights to 8 bits of mantissa; int8 and int4

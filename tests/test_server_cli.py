@@ -18,6 +18,7 @@ from specwise.cli_args import dataclass_from_args
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError
 from specwise.server.config import ServerConfig
+from capability_marks import cpu_kernels
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,6 +47,7 @@ def test_serve_flags_build_both_configs():
     assert (engine_config.max_model_len, engine_config.speculative) == (128, "ngram")
 
 
+@cpu_kernels
 def test_serve_compiles_unless_told_not_to_and_other_commands_do_not():
     def compiles(argv):
         return dataclass_from_args(EngineConfig, build_parser().parse_args(argv)).compile
@@ -104,6 +106,7 @@ def test_specwise_serve_subprocess(tmp_path):
             process.communicate()
 
 
+@cpu_kernels
 def test_serve_compiles_by_default_and_says_what_compiling_needs(tmp_path):
     """`specwise serve` compiles the model unless told --no-compile; on a machine without a C++ compiler it
     stops at start-up with an error naming the compiler and the way out, rather than serving or hanging."""

@@ -9,6 +9,7 @@ import torch
 import specwise
 from specwise.models.drafter_checkpoint import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, load_drafter, read_drafter_config
 from specwise.models.loader import load_checkpoint
+from capability_marks import cpu_kernels
 from tiny_checkpoints import real_model_path  # noqa: F401 (fixture)
 
 HEADS = Path(specwise.__file__).parent / "models" / "heads" / "smollm2-135m-instruct"
@@ -33,6 +34,7 @@ def test_a_shipped_head_is_small_and_carded(directory):
 
 
 @pytest.mark.integration
+@cpu_kernels
 @pytest.mark.parametrize("directory", SHIPPED, ids=lambda path: path.name)
 def test_a_shipped_head_loads_for_the_default_model(real_model_path, directory):
     checkpoint = load_checkpoint(real_model_path, torch.bfloat16)
