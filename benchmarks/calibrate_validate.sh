@@ -7,10 +7,10 @@
 #
 # 1. Starts the plain and the n-gram (k = 4) server side by side, one core each (taskset, as
 #    `evaluate --engine vllm --cores 0/1` places them), and runs `specwise calibrate --endpoint`
-#    against both (a sweep of at most CALIBRATE_BUDGET seconds); stops them.
+#    against both (a sweep of at most CALIBRATE_BUDGET seconds; CALIBRATIONS of them, back to back); stops them.
 # 2. `specwise evaluate` at concurrency 1, 4, 16, 64 with and without n-gram, the servers placed the
 #    same way (vLLM: launched by evaluate --engine vllm; ours: started here, evaluated as endpoints).
-# 3. `specwise simulate --validate` with the profile and the server's batch limits and KV cache.
+# 3. `specwise simulate --validate` with each profile and the server's batch limits and KV cache.
 # Every step's output, the profile, both runs and the load average every 10 s go to OUT.
 set -euo pipefail
 
@@ -24,11 +24,12 @@ DURATION=${DURATION:-30}
 MAX_TOKENS=${MAX_TOKENS:-64}
 CALIBRATE_BUDGET=${CALIBRATE_BUDGET:-180}
 CALIBRATE_ARGS=${CALIBRATE_ARGS:-}
+CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated: the second shows the machine's drift
 OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
 VLLM_ARGS="--enforce-eager --max-model-len 2048 --dtype bfloat16 --no-enable-prefix-caching"
 NGRAM_VLLM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-SERVE_ARGS=${SERVE_ARGS:-"--max-model-len 2048 --num-threads 1"}
+SERVE_ARGS=${SERVE_ARGS:-"--max-model-len 2048 --num-threads 1 --no-compile"}   # eager: no minutes of compiling
 mkdir -p "$OUT/servers"
 cd "$ROOT"
 log() { echo "[calibrate_validate $(date +%H:%M:%S)] $*" | tee -a "$OUT/log.txt" >&2; }
@@ -64,10 +65,12 @@ log "starting the $ENGINE servers for calibration"
 start off 0 "$PORT_OFF"
 start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
 wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
-log "calibrating (load $(cat /proc/loadavg))"
-# shellcheck disable=SC2086
-"$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" \
-  --budget "$CALIBRATE_BUDGET" --output "$OUT/profile.json" $CALIBRATE_ARGS 2>&1 | tee "$OUT/calibrate.txt"
+for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the machine moves between two
+  log "calibration $n (load $(cat /proc/loadavg))"
+  # shellcheck disable=SC2086
+  "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" \
+    --budget "$CALIBRATE_BUDGET" --output "$OUT/profile-$n.json" $CALIBRATE_ARGS 2>&1 | tee "$OUT/calibrate-$n.txt"
+done
 log "calibrated (load $(cat /proc/loadavg))"
 
 EVALUATE=(--concurrency "$CONCURRENCY" --max-tokens "$MAX_TOKENS" --duration "$DURATION" --output "$OUT/measured")
@@ -77,16 +80,19 @@ if [[ $ENGINE == vllm ]]; then
   "$PY" -m specwise evaluate --engine vllm --engine-cmd "$VENV/bin/python -m vllm.entrypoints.openai.api_server" \
     --model "$MODEL_DIR" --methods off,ngram@4 --engine-args "$VLLM_ARGS" --cores 0/1 "${EVALUATE[@]}" \
     2>&1 | tee "$OUT/evaluate.txt"
-  LIMITS=(--max-num-seqs 128 --max-num-batched-tokens 2048 --block-size 128)
+  # vLLM for CPU 0.32's defaults (its start-up log says them); 2 GiB of bf16 KV for SmolLM2-135M
+  # (2 x 30 layers x 3 KV heads x 64 x 2 bytes = 23,040 bytes a token)
+  LIMITS=(--max-num-seqs 128 --max-num-batched-tokens 2048 --block-size 128 --kv-cache-tokens 93206)
 else
   log "evaluate the same servers as endpoints"
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" \
     --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
   stop_servers
-  LIMITS=(--max-num-seqs 64 --max-num-batched-tokens 512 --block-size 16)
+  LIMITS=(--max-num-seqs 64 --max-num-batched-tokens 512 --block-size 16 --kv-cache-tokens 46603)   # serve's, 1 GiB
 fi
 log "evaluated (load $(cat /proc/loadavg))"
-# KV cache: 2 GiB of bf16 SmolLM2-135M (2 x 30 layers x 3 KV heads x 64 x 2 bytes = 23,040 bytes a token)
-"$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile.json" "${LIMITS[@]}" \
-  --kv-cache-tokens 93206 --output "$OUT/predicted" 2>&1 | tee "$OUT/validate.txt"
+for n in $(seq "$CALIBRATIONS"); do
+  "$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile-$n.json" "${LIMITS[@]}" \
+    --output "$OUT/predicted-$n" 2>&1 | tee "$OUT/validate-$n.txt"
+done
 log "done: $OUT"
