@@ -1,4 +1,5 @@
-"""`specwise generate` and `specwise calibrate`: the engine from the command line."""
+"""`specwise generate` and `specwise calibrate`: the engine from the command line (`calibrate --endpoint`
+times any OpenAI-compatible server instead: bench/calibrate/)."""
 
 import argparse
 import json
@@ -6,9 +7,10 @@ import platform
 import sys
 import time
 
-import numpy as np
 from rich.progress import Progress
 
+from specwise.bench.calibrate.command import calibrate_endpoints, parse_arms
+from specwise.bench.calibrate.sweep import SweepDesign
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
 from specwise.engine.step_fit import StepSample, fit, grid_samples
@@ -70,12 +72,31 @@ def print_speed(started: float, first_token_at: float, num_tokens: int, engine) 
     print(line, file=sys.stderr)
 
 
+OWN_BATCH_SIZES, ENDPOINT_BATCH_SIZES = "1,2,4,8,16,32,64", "1,4,16,64"
+
+
 def register_calibrate(subparsers) -> None:
     parser = subparsers.add_parser(
-        "calibrate", help="measure this machine's step cost with our engine; save a step profile",
+        "calibrate", help="measure the step cost of our engine on this machine, or of any OpenAI-compatible "
+                          "server (--endpoint); save a step profile",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_dataclass_args(parser, EngineConfig, exclude=("speculative", "num_speculative_tokens", "seed"))
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated")
+    endpoint = parser.add_argument_group("a server instead of our engine (--endpoint): a designed sweep of waves")
+    endpoint.add_argument("--endpoint", help="OpenAI-compatible server URL to calibrate (then --model names the "
+                                             "served model; default: the server's first)")
+    endpoint.add_argument("--speculative-arm", action="append", default=[], metavar="METHOD=URL",
+                          help="the same engine speculating with METHOD, served at URL: its steps are fitted as "
+                               "METHOD's own cost (repeatable)")
+    endpoint.add_argument("--prompt-tokens", default="32,256", help="prompt lengths of the waves, comma-separated")
+    endpoint.add_argument("--output-tokens", type=int, default=48, help="forced output length of every request")
+    endpoint.add_argument("--prefill-lens", default="32,256,1024",
+                          help="prompt lengths of the single requests that time a prefill each, comma-separated")
+    endpoint.add_argument("--prefill-repeats", type=int, default=3, help="single requests per prefill length "
+                                                                        "(median kept)")
+    endpoint.add_argument("--budget", type=float, default=180.0, help="seconds for the whole sweep, warm-up included")
+    endpoint.add_argument("--category", default="chat", help="suite category the prompts are cut from")
+    parser.add_argument("--batch-sizes", default=None,
+                        help=f"comma-separated (default: {OWN_BATCH_SIZES}; with --endpoint {ENDPOINT_BATCH_SIZES})")
     parser.add_argument("--tokens-per-seq", default="1,2,3,5,9", help="1 + k values, comma-separated")
     parser.add_argument("--context-lens", default="0,128,512,1024", help="cached tokens per sequence")
     parser.add_argument("--prefill-tokens", default="256,1024,4096",
@@ -88,11 +109,15 @@ def register_calibrate(subparsers) -> None:
 
 
 def run_calibrate(args) -> int:
+    if args.endpoint:
+        return run_endpoint_calibrate(args)
+    if args.speculative_arm:
+        raise ConfigError("--speculative-arm calibrates a server: give its plain twin with --endpoint URL")
     import torch                                        # torch (~3 s): paid only by commands that run the engine
     from specwise.engine.llm_engine import LLMEngine
     from specwise.engine.profiler import measure_grid, measure_prefill
     axes = [parse_int_list(text, name) for text, name in
-            ((args.batch_sizes, "--batch-sizes"), (args.tokens_per_seq, "--tokens-per-seq"),
+            ((args.batch_sizes or OWN_BATCH_SIZES, "--batch-sizes"), (args.tokens_per_seq, "--tokens-per-seq"),
              (args.context_lens, "--context-lens"))]
     prefill_tokens = parse_int_list(args.prefill_tokens, "--prefill-tokens") if args.prefill_tokens.strip() else []
     engine = LLMEngine(dataclass_from_args(EngineConfig, args))
@@ -116,19 +141,29 @@ def run_calibrate(args) -> int:
                           model=f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
                                 f"{str(engine.dtype).removeprefix('torch.')}")
     data = profile.to_json()
-    samples = grid_samples(*axes, seconds) + [StepSample(total, 0, time)
+    # a prefill step samples one row per prompt (measure_prefill's prompts of prefill_prompt_len)
+    samples = grid_samples(*axes, seconds) + [StepSample(total, 0, time, max(1, round(total / args.prefill_prompt_len)))
                                               for total, time in zip(totals, prefill_seconds)]
     try:
         linear = fit(samples)
         print(f"fitted {linear.summary()}")
-        data["linear"] = linear.cost.to_json() | {
-            "median_residual": float(np.median(np.abs(linear.relative_residuals))),
-            "worst_residual": float(np.abs(linear.relative_residuals).max())}
+        data["linear"] = linear.to_json()
     except ConfigError as error:
         print(f"no linear fit: {error}")
     with open(args.output, "w", encoding="utf-8") as stream:
         json.dump(data, stream, indent=1)
     print(f"wrote {args.output}: batch 1 decode {seconds[0][0][0] * 1000:.1f} ms/step")
+    return 0
+
+
+def run_endpoint_calibrate(args) -> int:
+    design = SweepDesign(batch_sizes=parse_int_list(args.batch_sizes or ENDPOINT_BATCH_SIZES, "--batch-sizes"),
+                         prompt_tokens=parse_int_list(args.prompt_tokens, "--prompt-tokens"),
+                         output_tokens=args.output_tokens, budget_s=args.budget, category=args.category,
+                         prefill_tokens=parse_int_list(args.prefill_lens, "--prefill-lens"),
+                         prefill_repeats=args.prefill_repeats)
+    model = getattr(args, "model", None)              # EngineConfig's flag, absent from the namespace when not given
+    calibrate_endpoints(args.endpoint, parse_arms(args.speculative_arm), design, model, args.output)
     return 0
 
 

@@ -21,11 +21,16 @@ Behaviour from the environment:
   FAKE_ENGINE_STEP_DELAY    seconds per step (default 0.002)
   FAKE_ENGINE_SLOWDOWN_FILE a file holding a factor; each start reads it, multiplies its step delay by
                             it and writes factor * FAKE_ENGINE_SLOWDOWN_STEP back (speed drift between restarts)
+  FAKE_ENGINE_STEP_COST     "FIXED,PER_TOKEN,PER_KV[,PER_ROW]" seconds: a batching engine instead (Stepper below),
+                            whose step time is that known function of the step's rows, KV tokens and sampled rows
+Prompts count 1 token per 4 characters; `stream_options.continuous_usage_stats` puts the running usage on
+every chunk, as vLLM does.
 """
 
 import argparse
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -92,6 +97,7 @@ def main() -> None:
     model = args.model or args.model_path or next((w for w in args.words if w != "serve"), "fake")
     handler = make_handler(model, draft_k(args), getattr(args, "per_request_spec_decode_metrics", None) == "summary",
                            delay)
+    ThreadingHTTPServer.request_queue_size = 128     # a wave of requests connects at once (the default backlog is 5)
     server = ThreadingHTTPServer((args.host, args.port), handler)
     server.daemon_threads = True
     print(f"fake engine serving on {args.host}:{args.port}", flush=True)
@@ -109,7 +115,65 @@ def slowdown() -> float:
     return factor
 
 
+class Stepper:
+    """One step thread batches every running request, as a serving engine does: a request's first step
+    prefills its whole prompt (rows = prompt tokens, 1 sampled row), each later step decodes it with its k
+    drafts (1 + k rows, all sampled, over prompt + made - 1 cached tokens), emitting 1 + accepted tokens,
+    accepted = its step % (k + 1). A step lasts fixed + per_token x rows + per_kv x KV tokens + per_row x
+    sampled rows, paced against the clock: while busy each step starts at the previous one's deadline, so
+    late wake-ups do not add up."""
+
+    def __init__(self, coefficients: list[float], k: int):
+        self.fixed, self.per_token, self.per_kv = coefficients[:3]
+        self.per_row = coefficients[3] if len(coefficients) > 3 else 0.0
+        self.k, self.running, self.cond = k, [], threading.Condition()
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def submit(self, prompt_tokens: int, want: int) -> queue.Queue:
+        """A queue that gets the tokens each step emits for this request, then None."""
+        request = {"prompt": prompt_tokens, "want": want, "made": 0, "steps": 0, "out": queue.Queue()}
+        with self.cond:
+            self.running.append(request)
+            self.cond.notify()
+        return request["out"]
+
+    def loop(self) -> None:
+        end, busy = time.monotonic(), False
+        while True:
+            with self.cond:
+                while not self.running:
+                    busy = False
+                    self.cond.wait()
+                batch = list(self.running)
+            rows = sampled = kv = 0
+            for r in batch:
+                if r["made"] == 0:
+                    rows, sampled = rows + r["prompt"], sampled + 1
+                else:
+                    rows, sampled, kv = rows + 1 + self.k, sampled + 1 + self.k, kv + r["prompt"] + r["made"] - 1
+            start = end if busy else time.monotonic()
+            end = start + self.fixed + self.per_token * rows + self.per_kv * kv + self.per_row * sampled
+            busy = True
+            time.sleep(max(end - time.monotonic(), 0.0))
+            for r in batch:
+                accepted = min(r["steps"] % (self.k + 1), r["want"] - r["made"] - 1) if r["made"] and self.k else 0
+                r["steps"] += 1 if r["made"] else 0
+                r["made"] += 1 + accepted
+                r["out"].put(1 + accepted)
+                if r["made"] >= r["want"]:
+                    with self.cond:
+                        self.running.remove(r)
+                    r["out"].put(None)
+
+
+def prompt_tokens(body: dict) -> int:
+    text = body.get("prompt") or "".join(str(m.get("content", "")) for m in body.get("messages") or [])
+    return max(1, len(text) // 4)
+
+
 def make_handler(model: str, k: int, per_request: bool, delay: float):
+    cost = ENV("FAKE_ENGINE_STEP_COST")
+    stepper = Stepper([float(value) for value in cost.split(",")], k) if cost else None
     crash_after = int(ENV("FAKE_ENGINE_CRASH_AFTER", "0"))
     crashes = crash_after and (k > 0 or ENV("FAKE_ENGINE_CRASH_SPEC") != "1")
 
@@ -147,26 +211,36 @@ def make_handler(model: str, k: int, per_request: bool, delay: float):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             want, step, made = int(body.get("max_tokens") or 16), 0, 0
+            prompt = prompt_tokens(body) if stepper else 7
+            continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
             histogram, drafted = [0] * (k + 1), 0
+            steps = stepper.submit(prompt, want) if stepper else None
             while made < want:
-                time.sleep(delay)
-                accepted = min(step % (k + 1), max(want - made - 1, 0)) if k else 0
-                if k:
+                if steps is not None:
+                    tokens = steps.get()
+                    accepted = tokens - 1 if made else None      # the prefill's token is no verification
+                else:
+                    time.sleep(delay)
+                    accepted = min(step % (k + 1), max(want - made - 1, 0)) if k else 0
+                    tokens = accepted + 1
+                if k and accepted is not None:
                     histogram[accepted] += 1
                     drafted += k
-                tokens = accepted + 1
                 made += tokens
                 step += 1
                 text = "tok " * tokens
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
-                self._event({"choices": [choice]})
+                event = {"choices": [choice]}
+                if continuous:
+                    event["usage"] = {"prompt_tokens": prompt, "completion_tokens": made}
+                self._event(event)
                 if crashes and number == crash_after and step == 2:
                     os._exit(3)
             if k:
                 with LOCK:
                     record(histogram, drafted)
-            usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": made,
-                                              "total_tokens": 7 + made}}
+            usage = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": made,
+                                              "total_tokens": prompt + made}}
             if k and per_request:
                 steps = sum(histogram)
                 accepted = sum(j * n for j, n in enumerate(histogram))

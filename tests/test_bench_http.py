@@ -110,6 +110,8 @@ class SSEServer:
                     words = "w " * min(step, total - start)
                     choice = {"index": 0, "delta": {"content": words}} if chat else {"index": 0, "text": words}
                     payload = {"choices": [choice]}
+                    if (body["stream_options"] or {}).get("continuous_usage_stats"):     # vLLM's running usage
+                        payload["usage"] = {"prompt_tokens": 3, "completion_tokens": min(start + step, total)}
                     if server.extension and start + step >= total:
                         drafts = -(-total // step)
                         payload["specwise"] = {"speculative": True, "drafts": drafts, "draft_tokens": 4 * drafts,
@@ -175,6 +177,17 @@ def test_streams_chunks_and_takes_usage(chat):
     assert ("messages" in body) == chat
     assert record.ttft == record.chunk_times[0] and record.e2e >= record.chunk_times[-1]
     assert all(b > a for a, b in zip(record.chunk_times, record.chunk_times[1:]))
+
+
+def test_continuous_usage_gives_each_chunk_its_tokens():
+    """7 tokens streamed 3 a chunk: chunks of 3, 3 and 1, counted by the server's running usage."""
+    with SSEServer(tokens_per_chunk=3) as server:
+        record = run_one(HttpTarget("off", server.url, continuous_usage=True), request(max_tokens=7))
+        body = server.bodies[0]
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert record.chunk_tokens == [3, 3, 1] and record.output_tokens == 7
+    with SSEServer(tokens_per_chunk=3) as server:
+        assert run_one(HttpTarget("off", server.url), request(max_tokens=7)).chunk_tokens == []
 
 
 def test_trace_requests_force_the_output_length():

@@ -126,3 +126,22 @@ def test_a_linear_model_costs_the_flat_step_as_it_is():
         [request], arm, LoadPoint("concurrency", 1), own={"a": Draws(np.ones(4), 1.0)})
     assert result.records[0].chunk_times == pytest.approx([0.018, 0.0308])
     assert result.records[0].chunk_tokens == [1, 2]
+
+
+def test_a_calibrated_servers_logits_rows_request_overhead_and_drafting_fit():
+    """A server's fit (calibrate --endpoint): 10 ms + 1 ms a row + 0.1 ms a KV token + 2 ms a sampled
+    row, 5 ms a request before it reaches the scheduler. off: admitted at 5 ms, its prefill of 8
+    rows samples 1 (10 + 8 + 2 = 20 ms: first token at 25 ms), its decodes 13.8 and 13.9 ms. The ngram
+    arm is costed with the speculating server's own fit (fixed 20 ms): prefill 30 ms (first token at
+    35 ms), then 1 + 1 rows, both sampled, over 8 cached tokens: 20 + 2 + 0.8 + 4 = 26.8 ms."""
+    from specwise.engine.step_fit import LinearStepCost
+    ngram = LinearStepCost(0.020, 0.001, 0.0001, per_logits_row_s=0.002, request_overhead_s=0.005)
+    cost = LinearStepCost(0.010, 0.001, 0.0001, per_logits_row_s=0.002, request_overhead_s=0.005,
+                          drafting={"ngram": ngram})
+    request = WorkloadRequest(request_id="a", category="chat", max_tokens=3, prompt_tokens=8)
+    simulator = FlatSimulator(cost, SimServerConfig(), 1000)
+    off = simulator.run([request], OFF, LoadPoint("concurrency", 1)).records[0]
+    assert off.chunk_times == pytest.approx([0.025, 0.0388, 0.0527])
+    arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
+    spec = simulator.run([request], arm, LoadPoint("concurrency", 1), own={"a": Draws(np.ones(4), 1.0)}).records[0]
+    assert spec.chunk_times == pytest.approx([0.035, 0.0618]) and spec.chunk_tokens == [1, 2]

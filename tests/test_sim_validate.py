@@ -90,3 +90,17 @@ def test_validate_says_which_arms_it_cannot_replay(tmp_path, capsys):
 def test_validate_refuses_a_directory_without_results(tmp_path, capsys):
     assert main(["simulate", "--validate", str(tmp_path)]) != 0
     assert "no such file" in capsys.readouterr().err
+
+
+def test_an_endpoint_arms_k_comes_from_its_requests_counters(tmp_path, capsys):
+    """An endpoint arm (`--endpoint ngram-k4=URL`) has no k in run.json: its requests' per-position
+    counters (4 positions) give it, and the replay is the one computed by hand above."""
+    recorded_run(tmp_path)
+    run = json.loads((tmp_path / "run.json").read_text())
+    run["arms"][1] |= {"spec": None, "k": None}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json")]) == 0
+    out = capsys.readouterr().out
+    assert "not replayed" not in out
+    row = next(line for line in out.splitlines() if line.startswith("ngram-k4 "))
+    assert f"{hand_errors()['ngram-k4']['tpot']:+.1%}" in row.split()

@@ -3,20 +3,34 @@
 A forward pass over a flat batch costs
 
     seconds = fixed + per_token x batched tokens + per_kv_token x KV tokens read
+              [+ per_logits_row x logits rows]
 
 batched tokens = every row the step computes (decode rows, draft rows, prompt chunk tokens);
 KV tokens read = the cached tokens its attention reads, summed over the sequences (each once per
 pass, as FlashAttention-like kernels read them). This is the form published step-time
 predictors fit per engine and drafter; it holds for one engine on one machine over the range of
-shapes it was fitted on, not beyond.
+shapes it was fitted on, not beyond. logits rows = the rows whose next-token distribution the
+step computes and samples: every decode and draft row, but only the last token of a prompt. The
+LM head, the sampler and the server's per-token output work cost per logits row, so on a CPU a
+decode row costs several times a prompt token; the fourth term is fitted only when the samples
+separate the two (prefill steps beside decode steps), else it is 0 and a row is a row.
+
+A request also waits outside any step: the HTTP round trip, tokenizing the prompt, the first
+chunk's way back. A server's TTFT is that request overhead plus its prefill step; where the samples
+hold TTFTs (`first_token`) beside plain steps, the overhead is fitted too, and the simulator admits
+each request that much after it is sent.
 
 Worked example: fixed 20 ms, 0.5 ms a token, 2 us a KV token: 8 sequences verifying 1 + 4 rows
 each over 300 cached tokens cost 20 + 0.5 x 40 + 0.002 x 2,400 = 44.8 ms.
 
-`fit` takes (batched tokens, KV tokens read, seconds) samples, solves for the three coefficients
-by least squares and keeps the residuals, so a profile that does not fit says so. It refuses
-(one line) a sweep that cannot separate them: fewer than MIN_SAMPLES samples, or too few
-distinct token counts or KV sizes (the columns would be collinear).
+`fit` takes (batched tokens, KV tokens read, seconds[, logits rows, is a TTFT]) samples, solves for the
+coefficients by least squares and keeps the residuals, so a profile that does not fit says so.
+It refuses (one line) a sweep that cannot separate them: fewer than MIN_SAMPLES samples, or too
+few distinct token counts or KV sizes (the columns would be collinear).
+
+A server's speculating configuration (vLLM with n-gram drafting, say) costs more per step than
+its verification rows alone: the drafter runs on the same machine. `drafting` holds a separate
+fit per drafting method, fitted on that server's own steps; `for_method` picks it.
 """
 
 from dataclasses import dataclass
@@ -28,6 +42,8 @@ from specwise.errors import ConfigError
 
 MIN_SAMPLES = 6            # three coefficients, and as many samples again to see residuals
 COEFFICIENTS = ("fixed_s", "per_token_s", "per_kv_token_s")
+LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when absent)
+REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)
 
 
 @dataclass(frozen=True)
@@ -35,27 +51,62 @@ class StepSample:
     tokens: float              # batched tokens in the step
     kv_tokens: float           # cached tokens its attention read, summed over the batch
     seconds: float
+    logits_rows: float | None = None     # rows sampled; None: every token (a decode or verification step)
+    first_token: bool = False            # a time to first token: the step plus the server's request overhead
+
+    @property
+    def rows(self) -> float:
+        return self.tokens if self.logits_rows is None else self.logits_rows
 
 
 class LinearStepCost(StepCostModel):
-    def __init__(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, description: str = ""):
+    def __init__(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, description: str = "",
+                 per_logits_row_s: float = 0.0, drafting: dict | None = None, request_overhead_s: float = 0.0):
         self.fixed_s, self.per_token_s, self.per_kv_token_s = fixed_s, per_token_s, per_kv_token_s
+        self.per_logits_row_s, self.request_overhead_s = per_logits_row_s, request_overhead_s
+        self.drafting: dict[str, LinearStepCost] = drafting or {}
+        row = f" + {per_logits_row_s * 1e3:.3f} ms/logits row" if per_logits_row_s else ""
+        row += f"; {request_overhead_s * 1e3:.2f} ms a request" if request_overhead_s else ""
         self.description = description or (f"linear: {fixed_s * 1e3:.2f} ms + {per_token_s * 1e3:.3f} ms/token "
-                                           f"+ {per_kv_token_s * 1e6:.3f} us/KV token")
+                                           f"+ {per_kv_token_s * 1e6:.3f} us/KV token{row}")
 
-    def seconds(self, tokens, kv_tokens) -> np.ndarray:
-        return np.maximum(self.fixed_s + self.per_token_s * np.asarray(tokens, dtype=float)
+    def seconds(self, tokens, kv_tokens, logits_rows=None) -> np.ndarray:
+        """One step's seconds (the request overhead is no part of a step)."""
+        # logits_rows None: every token is sampled (a decode or verification step)
+        tokens = np.asarray(tokens, dtype=float)
+        rows = tokens if logits_rows is None else np.asarray(logits_rows, dtype=float)
+        return np.maximum(self.fixed_s + self.per_token_s * tokens + self.per_logits_row_s * rows
                           + self.per_kv_token_s * np.asarray(kv_tokens, dtype=float), 0.0)
+
+    def for_method(self, method: str) -> "LinearStepCost":
+        """The fit of the server speculating with this method, where the profile has one."""
+        return self.drafting.get(method, self)
 
     def step_times(self, batch_size: int, tokens_per_seq: int, total_context) -> np.ndarray:
         check_step_shape(batch_size, tokens_per_seq)
         return self.seconds(batch_size * tokens_per_seq, total_context)
 
     def prefill_time(self, prompt_lens) -> float:
-        return float(self.seconds(float(np.sum(prompt_lens)), 0.0))
+        return float(self.seconds(float(np.sum(prompt_lens)), 0.0, len(prompt_lens)))
 
     def to_json(self) -> dict:
-        return dict(zip(COEFFICIENTS, (self.fixed_s, self.per_token_s, self.per_kv_token_s)))
+        out = dict(zip(COEFFICIENTS, (self.fixed_s, self.per_token_s, self.per_kv_token_s)))
+        extra = {LOGITS_ROW: self.per_logits_row_s, REQUEST_OVERHEAD: self.request_overhead_s}
+        return out | {key: value for key, value in extra.items() if value}
+
+    @classmethod
+    def from_json(cls, data: dict, description: str = "") -> "LinearStepCost":
+        """{"fixed_s", "per_token_s", "per_kv_token_s"[, "per_logits_row_s"][, "drafting": {method: {...}}]};
+        ValueError when a coefficient is missing or not a number."""
+        try:
+            values = [float(data[key]) for key in COEFFICIENTS]
+            row, overhead = (float(data.get(key, 0.0)) for key in (LOGITS_ROW, REQUEST_OVERHEAD))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"needs {', '.join(COEFFICIENTS)} as numbers") from None
+        drafting = {method: cls.from_json(fit, f"{description} ({method})" if description else "")
+                    for method, fit in (data.get("drafting") or {}).items()}
+        return cls(*values, description=description, per_logits_row_s=row, drafting=drafting,
+                   request_overhead_s=overhead)
 
 
 @dataclass
@@ -77,13 +128,21 @@ class Fit:
                 f"{np.median(residuals):.1%}, worst {residuals.max():.1%}")
 
     def residual_lines(self) -> list[str]:
-        return [f"  {s.tokens:>8g} tokens {s.kv_tokens:>9g} KV  measured {s.seconds * 1e3:8.2f} ms  "
-                f"fitted {p * 1e3:8.2f} ms  {r:+.1%}"
+        return [f"  {s.tokens:>8g} tokens {s.rows:>6g} logits rows {s.kv_tokens:>9g} KV  measured "
+                f"{s.seconds * 1e3:8.2f} ms  fitted {p * 1e3:8.2f} ms  {r:+.1%}"
                 for s, p, r in zip(self.samples, self.predicted, self.relative_residuals)]
+
+    def to_json(self) -> dict:
+        """The coefficients with the residuals' median and worst (a profile's "linear")."""
+        residuals = np.abs(self.relative_residuals)
+        return self.cost.to_json() | {"median_residual": float(np.median(residuals)),
+                                      "worst_residual": float(residuals.max()), "steps": len(self.samples)}
 
 
 def fit(samples: list[StepSample]) -> Fit:
-    """Least squares of seconds on (1, tokens, KV tokens); ConfigError when the sweep is too short."""
+    """Least squares of seconds on (1, tokens, KV tokens[, logits rows][, is a TTFT]); ConfigError when
+    the sweep is too short. An optional column is kept only where the samples tell it from the others:
+    logits rows where prefill steps sit beside decode steps, the request overhead where TTFTs do."""
     tokens = {s.tokens for s in samples}
     kv = {s.kv_tokens for s in samples}
     if len(samples) < MIN_SAMPLES or len(tokens) < 2 or len(kv) < 2:
@@ -92,20 +151,33 @@ def fit(samples: list[StepSample]) -> Fit:
                           f"2 of each)")
     if any(s.seconds <= 0 for s in samples):
         raise ConfigError("a step time of zero or less cannot be fitted")
-    design = np.array([[1.0, s.tokens, s.kv_tokens] for s in samples])
+    design = np.array([[1.0, s.tokens, s.kv_tokens, s.rows, float(s.first_token)] for s in samples])
     seconds = np.array([s.seconds for s in samples])
-    if np.linalg.matrix_rank(design) < 3:
+    if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "
                           "sizes move together; vary them apart")
+    # the optional terms, each kept only where the samples separate it from the others
+    kept = [0, 1, 2] + [column for column in (3, 4) if _rank(design[:, [0, 1, 2, column]]) == 4]
+    if len(kept) == 5 and _rank(design) < 5:
+        kept.pop()
     # relative least squares: a 5 ms step and a 500 ms one weigh the same
     weights = 1.0 / seconds
-    coefficients, *_ = np.linalg.lstsq(design * weights[:, None], seconds * weights, rcond=None)
-    cost = LinearStepCost(*(float(c) for c in coefficients))
-    return Fit(cost, list(samples), design @ coefficients)
+    solved, *_ = np.linalg.lstsq(design[:, kept] * weights[:, None], seconds * weights, rcond=None)
+    values = dict(zip(kept, (float(c) for c in solved)))
+    cost = LinearStepCost(values[0], values[1], values[2], per_logits_row_s=values.get(3, 0.0),
+                          request_overhead_s=values.get(4, 0.0))
+    return Fit(cost, list(samples), design[:, kept] @ solved)
+
+
+def _rank(columns: np.ndarray) -> int:
+    """Rank with each column scaled to its largest value (tokens and KV tokens differ by 1000x)."""
+    scale = np.abs(columns).max(axis=0)
+    return int(np.linalg.matrix_rank(columns / np.where(scale > 0, scale, 1.0)))
 
 
 def grid_samples(batch_sizes, tokens_per_seq, context_lens, seconds) -> list[StepSample]:
-    """A step profile's grid (seconds[b][t][c]) as samples: batch x t tokens over batch x c KV tokens."""
+    """A step profile's grid (seconds[b][t][c]) as samples: batch x t tokens over batch x c KV tokens
+    (every row sampled, as the profiler computes logits at every position)."""
     return [StepSample(b * t, b * c, float(seconds[i][j][m]))
             for i, b in enumerate(batch_sizes) for j, t in enumerate(tokens_per_seq)
             for m, c in enumerate(context_lens)]

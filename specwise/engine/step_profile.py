@@ -17,8 +17,10 @@ Profile JSON (written by `specwise calibrate` or by hand):
       "prefill_pads_to_longest": true,               optional: the engine pads a prefill step's
                                                      prompts to its longest (specwise's flat steps do not)
       "linear": {"fixed_s": 0.02, "per_token_s": 5e-4,   optional: the least-squares fit of
-                 "per_kv_token_s": 2e-6, ...}        engine/step_fit.py; a profile with no grid
-    }                                                (no "seconds") is read as that linear model
+                 "per_kv_token_s": 2e-6,             engine/step_fit.py; a profile with no grid
+                 "per_logits_row_s": 1e-3,           (no "seconds") is read as that linear model
+                 "drafting": {"ngram": {...}}, ...}  (optional: per logits row; a speculating
+    }                                                server's own fit per drafting method)
 
 Between grid points the time is piecewise linear along each axis; beyond the edges it is
 extended linearly from the last two points (so a batch twice the largest measured one
@@ -37,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from specwise.engine.step_cost import StepCostModel, check_step_shape
-from specwise.engine.step_fit import COEFFICIENTS, LinearStepCost
+from specwise.engine.step_fit import LinearStepCost
 from specwise.errors import InputError
 
 PROFILE_FORMAT = "specwise-step-profile"
@@ -131,11 +133,10 @@ def load_step_cost(path) -> StepCostModel:
         return ProfileCost.load(path)                 # its one-line error
     if data.get("format") == PROFILE_FORMAT and "seconds" not in data and isinstance(data.get("linear"), dict):
         try:
-            coefficients = [float(data["linear"][key]) for key in COEFFICIENTS]
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"{path}: profile linear needs {', '.join(COEFFICIENTS)} as numbers") from None
-        return LinearStepCost(*coefficients, description=f"linear fit: {data.get('model') or 'model?'} on "
-                                                         f"{data.get('machine') or 'machine?'}")
+            return LinearStepCost.from_json(data["linear"], description=f"linear fit: {data.get('model') or 'model?'}"
+                                                                        f" on {data.get('machine') or 'machine?'}")
+        except ValueError as error:
+            raise InputError(f"{path}: profile linear {error}") from None
     return ProfileCost.load(path)
 
 

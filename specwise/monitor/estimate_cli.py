@@ -15,7 +15,7 @@ from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.step_profile import load_step_cost
 from specwise.errors import ConfigError, SpecwiseError
 from specwise.monitor.estimate import Estimate, estimate_acceptance, expected_speedup
 from specwise.monitor.logs import read_log
@@ -178,7 +178,7 @@ def default_draft_cost(config: EstimateConfig, drafter) -> float | None:
 def speedup_table(config: EstimateConfig, deployment_config: DeploymentConfig, result: Estimate,
                   draft_cost: float | None) -> Table:
     deployment = Deployment.from_config(deployment_config)
-    cost = ProfileCost.load(config.profile) if config.profile else RooflineCost(deployment)
+    cost = load_step_cost(config.profile) if config.profile else RooflineCost(deployment)
     where = f"profile {config.profile}" if config.profile else deployment.label()
     table = Table(title=f"expected decode throughput with {result.method} on {where}", title_justify="left")
     for column in ("category", "concurrency", "off tok/s", "spec tok/s", "speedup"):

@@ -18,9 +18,13 @@ fed as a share of n x k times the difference to a full verification of 1 + k row
 with both is one forward, so the fixed cost (a plain batch-1 step over no context) is paid once:
     time = max(decode, prompt, decode + prompt - fixed) (+ the arm's per-step overhead)
 Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
-(engine/step_fit.py) costs the step as it is: its rows and the KV tokens they read.
+(engine/step_fit.py) costs the step as it is: its rows, the KV tokens they read and the rows it
+samples; where the profile holds the speculating server's own fit for the arm's method (a
+calibration against that server), the arm's steps are costed with it. A linear model's request
+overhead (a server's HTTP and tokenizing time) delays each request's admission by that much.
 """
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -105,7 +109,9 @@ class FlatSimulator:
 class _Run:
     def __init__(self, sim: FlatSimulator, requests, arm: SpecArm, load: LoadPoint, burstiness, duration, own,
                  arrivals):
-        self.sim, self.cost, self.arm, self.load = sim, sim.cost, arm, load
+        self.sim, self.arm, self.load = sim, arm, load
+        # a linear profile may hold the speculating server's own fit for this arm's method
+        self.cost = sim.cost.for_method(arm.method) if isinstance(sim.cost, LinearStepCost) else sim.cost
         self.duration = math.inf if duration is None else duration
         self.scheduler = Scheduler(BlockManager(sim.kv_blocks, sim.server.block_size), sim.server.max_num_seqs,
                                    sim.server.max_num_batched_tokens)
@@ -119,6 +125,10 @@ class _Run:
         self.errors: dict[int, str] = {}
         self.now, self.steps, self.preemptions, self.peak = 0.0, 0, 0, 0
         self.fixed = float(self.cost.step_times(1, 1, np.zeros(1))[0])
+        # a server's own latency outside any step (HTTP, tokenizing; engine/step_fit.py): a request
+        # reaches the scheduler that long after it is sent
+        self.overhead = getattr(self.cost, "request_overhead_s", 0.0)
+        self.admitting: list[tuple[float, int]] = []          # heap of (reaches the scheduler, request)
         self._plan_sends(requests, burstiness, arrivals)
 
     def _request(self, index: int, request: WorkloadRequest, draws: Draws) -> _Request:
@@ -148,7 +158,10 @@ class _Run:
         if r.index in self.errors:
             r.finish = time
             return
-        self.scheduler.add(r.seq)
+        if self.overhead > 0:
+            heapq.heappush(self.admitting, (time + self.overhead, r.index))
+        else:
+            self.scheduler.add(r.seq)
 
     def _send_next(self) -> None:
         """Closed loop: the next request goes out (an impossible one ends at once: send another)."""
@@ -164,10 +177,13 @@ class _Run:
             while self.arrivals and self.arrivals[0][0] <= self.now:
                 time, index = self.arrivals.popleft()
                 self._send(self.requests[index], time)
+            while self.admitting and self.admitting[0][0] <= self.now:
+                self.scheduler.add(self.requests[heapq.heappop(self.admitting)[1]].seq)
             if not self.scheduler.has_unfinished():
-                if not self.arrivals:
+                upcoming = [events[0][0] for events in (self.arrivals, self.admitting) if events]
+                if not upcoming:
                     break
-                self.now = max(self.now, self.arrivals[0][0])
+                self.now = max(self.now, min(upcoming))
                 continue
             if self.now >= limit and self._wave_done():
                 break
@@ -255,10 +271,12 @@ class _Run:
         return seconds
 
     def _linear_seconds(self, batch: ScheduledBatch, rows: list[int], k: int, decode: list[int]) -> float:
-        """A linear model costs the flat step as it is: every row it computes, every KV token it reads."""
+        """A linear model costs the flat step as it is: every row it computes, every KV token it reads,
+        every row it samples (a decode row and its drafts; a prompt chunk only at its last token)."""
         tokens = sum(batch.num_new_tokens) + sum(rows)
         kv = sum(seq.num_computed_tokens for seq in batch.seqs)
-        seconds = float(self.cost.seconds(tokens, kv))
+        sampled = sum(1 + rows[i] for i in range(len(batch.seqs)) if batch.samples(i))
+        seconds = float(self.cost.seconds(tokens, kv, sampled))
         if any(rows[i] for i in decode):
             seconds += self.arm.overhead_s
             if not self.tree_rows:

@@ -15,7 +15,9 @@ metric the median and the worst absolute error over the points, and how many ver
 where the measurement decided one (not "can't tell").
 
 Replayed arms: off and the model-free drafters (ngram, suffix, lookahead), whose drafting costs
-no forward the profile does not hold. Others are listed as not replayed.
+no forward the profile does not hold. Others are listed as not replayed. An endpoint arm's method
+comes from its name (`--endpoint ngram=URL`) and its k, which run.json does not know, from its
+requests' per-position acceptance counters.
 """
 
 import statistics
@@ -112,7 +114,7 @@ def _arms(run: dict, measured, results_dir, cost, deployment) -> tuple[dict[str,
         specs.setdefault(record.arm, {"name": record.arm, "method": record.method, "k": None})
     arms, skipped = {}, {}
     for name, spec in specs.items():
-        method, k = spec.get("method", "?"), spec.get("k")
+        method, k = spec.get("method", "?"), spec.get("k") or _k_from_records(measured, name)
         if method == "off":
             arms[name] = OFF
         elif method not in REPLAYABLE:
@@ -127,6 +129,13 @@ def _arms(run: dict, measured, results_dir, cost, deployment) -> tuple[dict[str,
                          "g": str(sizes.lookahead_candidates)}
             arms[name] = build_arm(method, keys, cost, deployment)
     return arms, skipped
+
+
+def _k_from_records(measured: list[RequestRecord], arm: str) -> int | None:
+    """An endpoint arm's k, where run.json lacks it: the length of its requests' per-position counters
+    (vLLM's acceptance histogram has k + 1 entries, our server's per-position list k)."""
+    lengths = [len(r.accepted_per_position) for r in measured if r.arm == arm and r.accepted_per_position]
+    return max(lengths) if lengths else None
 
 
 def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, records: list[RequestRecord]):

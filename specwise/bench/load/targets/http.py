@@ -3,8 +3,11 @@
 Streams `/v1/completions` or `/v1/chat/completions` with `stream_options.include_usage`,
 reads the server-sent events up to `data: [DONE]`, and turns transport failures, HTTP
 errors and error objects inside the stream into TargetError (counted, never a crash).
-Our own server adds the request's speculative counters to its last chunk
-(`"specwise": {"speculative": true, "drafts": ..., ...}`): read as per-request acceptance.
+With `continuous_usage` (vLLM's and our server's `stream_options.continuous_usage_stats`) every
+chunk carries the running completion count, so each chunk knows how many tokens it holds (a
+text-less chunk's tokens go to the next chunk with text). Our own server adds the request's
+speculative counters to its last chunk (`"specwise": {"speculative": true, "drafts": ..., ...}`):
+read as per-request acceptance.
 vLLM (0.32, `--per-request-spec-decode-metrics summary`) puts them on the usage chunk as
 `"metrics": {"speculative_decoding": {"num_spec_steps": drafts, "num_draft_tokens": ...,
 "num_accepted_draft_tokens": ..., "acceptance_histogram": [steps that accepted j drafts]}}`:
@@ -38,6 +41,7 @@ class HttpTarget:
     timeout: float = 300.0
     metrics_url: str | None = None      # None: <base>/metrics
     headers: dict = field(default_factory=dict)
+    continuous_usage: bool = False      # usage on every chunk: each chunk's token count (calibration)
     _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -85,6 +89,7 @@ class HttpTarget:
             raise TargetError(f"{type(error).__name__}: {_short(str(error))}") from None
 
     async def _events(self, response: httpx.Response, chat: bool) -> AsyncIterator[StreamEvent]:
+        counted = 0                     # completion tokens already given to chunks (continuous usage)
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue
@@ -99,11 +104,14 @@ class HttpTarget:
                 raise TargetError(f"malformed event in stream: {_short(data)}")
             if payload.get("error") or payload.get("object") == "error":
                 raise TargetError(f"error in stream: {_short(_error_text(data))}")
+            usage = payload.get("usage")
             for choice in payload.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                 if text:
-                    yield TokenChunk(time=time.perf_counter(), text=text)
-            usage = payload.get("usage")
+                    tokens = None
+                    if self.continuous_usage and usage and usage.get("completion_tokens") is not None:
+                        tokens, counted = usage["completion_tokens"] - counted, usage["completion_tokens"]
+                    yield TokenChunk(time=time.perf_counter(), text=text, tokens=tokens)
             if usage:
                 yield Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
             counters = payload.get("specwise")
@@ -117,7 +125,8 @@ class HttpTarget:
 
     def _body(self, request: WorkloadRequest, chat: bool) -> dict:
         body = {"max_tokens": request.max_tokens, "temperature": self.temperature, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True} | ({"continuous_usage_stats": True}
+                                                             if self.continuous_usage else {})}
         if self.model:
             body["model"] = self.model
         if chat:

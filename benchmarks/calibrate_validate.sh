@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Issue 30's check, back to back: calibrate a server from a short sweep, measure it with evaluate,
+# replay the measurement on paper with the calibrated profile (simulate --validate).
+#
+#   benchmarks/calibrate_validate.sh                 # vLLM for CPU 0.32 (its own venv), off and ngram@4
+#   ENGINE=specwise benchmarks/calibrate_validate.sh # our own server (specwise serve), off and ngram@4
+#
+# 1. Starts the plain and the n-gram (k = 4) server side by side, one core each (taskset, as
+#    `evaluate --engine vllm --cores 0/1` places them), and runs `specwise calibrate --endpoint`
+#    against both (a sweep of at most CALIBRATE_BUDGET seconds; CALIBRATIONS of them, back to back); stops them.
+# 2. `specwise evaluate` at concurrency 1, 4, 16, 64 with and without n-gram, the servers placed the
+#    same way (vLLM: launched by evaluate --engine vllm; ours: started here, evaluated as endpoints).
+# 3. `specwise simulate --validate` with each profile and the server's batch limits and KV cache.
+# Every step's output, the profile, both runs and the load average every 10 s go to OUT.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+ENGINE=${ENGINE:-vllm}
+VENV=${SPECWISE_VLLM_VENV:-$HOME/.cache/specwise/vllm-venv}
+MODEL_DIR=${SPECWISE_VLLM_MODEL_DIR:-$HOME/.cache/specwise/smollm2-135m-instruct-hf}
+CONCURRENCY=${CONCURRENCY:-1,4,16,64}
+DURATION=${DURATION:-30}
+MAX_TOKENS=${MAX_TOKENS:-64}
+CALIBRATE_BUDGET=${CALIBRATE_BUDGET:-180}
+CALIBRATE_ARGS=${CALIBRATE_ARGS:-}
+CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated: the second shows the machine's drift
+OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
+VLLM_ARGS="--enforce-eager --max-model-len 2048 --dtype bfloat16 --no-enable-prefix-caching"
+NGRAM_VLLM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+SERVE_ARGS=${SERVE_ARGS:-"--max-model-len 2048 --num-threads 1 --no-compile"}   # eager: no minutes of compiling
+mkdir -p "$OUT/servers"
+cd "$ROOT"
+log() { echo "[calibrate_validate $(date +%H:%M:%S)] $*" | tee -a "$OUT/log.txt" >&2; }
+
+PIDS=()
+stop_servers() { for pid in "${PIDS[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+                 for pid in "${PIDS[@]}"; do while kill -0 "$pid" 2>/dev/null; do sleep 0.5; done; done; PIDS=(); }
+( while true; do echo "$(date +%H:%M:%S) $(cat /proc/loadavg)"; sleep 10; done ) > "$OUT/loadavg.txt" &
+LOADAVG_PID=$!
+trap 'stop_servers; kill $LOADAVG_PID 2>/dev/null || true' EXIT
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+start() {   # NAME CORE PORT [flags...]: its own process group, so that stop_servers ends its children too
+  local name=$1 core=$2 port=$3; shift 3
+  if [[ $ENGINE == vllm ]]; then
+    VLLM_CPU_OMP_THREADS_BIND=$core setsid taskset -c "$core" "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+      --model "$MODEL_DIR" --host 127.0.0.1 --port "$port" "$@" $VLLM_ARGS > "$OUT/servers/$name.log" 2>&1 &
+  else
+    setsid taskset -c "$core" "$PY" -m specwise serve --port "$port" "$@" $SERVE_ARGS > "$OUT/servers/$name.log" 2>&1 &
+  fi
+  PIDS+=($!)
+}
+wait_up() { for _ in $(seq 900); do curl -sf "http://127.0.0.1:$1/v1/models" > /dev/null && return 0; sleep 1; done
+            echo "server on port $1 never answered" >&2; exit 1; }
+
+PORT_OFF=$(free_port); PORT_NGRAM=$(free_port)
+if [[ $ENGINE == vllm ]]; then
+  NGRAM_FLAGS=(--speculative-config "$NGRAM_VLLM" --per-request-spec-decode-metrics summary)
+else
+  NGRAM_FLAGS=(--speculative ngram --num-speculative-tokens 4)
+fi
+log "starting the $ENGINE servers for calibration"
+start off 0 "$PORT_OFF"
+start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
+wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
+for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the machine moves between two
+  log "calibration $n (load $(cat /proc/loadavg))"
+  # shellcheck disable=SC2086
+  "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" \
+    --budget "$CALIBRATE_BUDGET" --output "$OUT/profile-$n.json" $CALIBRATE_ARGS 2>&1 | tee "$OUT/calibrate-$n.txt"
+done
+log "calibrated (load $(cat /proc/loadavg))"
+
+EVALUATE=(--concurrency "$CONCURRENCY" --max-tokens "$MAX_TOKENS" --duration "$DURATION" --output "$OUT/measured")
+if [[ $ENGINE == vllm ]]; then
+  stop_servers
+  log "evaluate --engine vllm"
+  "$PY" -m specwise evaluate --engine vllm --engine-cmd "$VENV/bin/python -m vllm.entrypoints.openai.api_server" \
+    --model "$MODEL_DIR" --methods off,ngram@4 --engine-args "$VLLM_ARGS" --cores 0/1 "${EVALUATE[@]}" \
+    2>&1 | tee "$OUT/evaluate.txt"
+  # vLLM for CPU 0.32's defaults (its start-up log says them); 2 GiB of bf16 KV for SmolLM2-135M
+  # (2 x 30 layers x 3 KV heads x 64 x 2 bytes = 23,040 bytes a token)
+  LIMITS=(--max-num-seqs 128 --max-num-batched-tokens 2048 --block-size 128 --kv-cache-tokens 93206)
+else
+  log "evaluate the same servers as endpoints"
+  "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" \
+    --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
+  stop_servers
+  LIMITS=(--max-num-seqs 64 --max-num-batched-tokens 512 --block-size 16 --kv-cache-tokens 46603)   # serve's, 1 GiB
+fi
+log "evaluated (load $(cat /proc/loadavg))"
+for n in $(seq "$CALIBRATIONS"); do
+  "$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile-$n.json" "${LIMITS[@]}" \
+    --output "$OUT/predicted-$n" 2>&1 | tee "$OUT/validate-$n.txt"
+done
+log "done: $OUT"

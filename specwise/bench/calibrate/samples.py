@@ -1,0 +1,114 @@
+"""One wave of requests against a server -> the steps it ran, as StepSamples for the fit.
+
+A wave is `batch_size` requests sent together, each a prompt of about the same length and a
+forced output of the same length (ignore_eos, min_tokens = max_tokens). The server admits them,
+prefills their prompts (in one step or in chunks mixed with the first decodes), then decodes all
+of them together, one step after another, until the first one finishes. Between the moment the
+last request got its first token (t0) and the moment the first request got its last (t1) every
+step is a decode step of exactly `batch_size` sequences, so each request's chunks there arrive
+one step apart:
+
+    step seconds = (last chunk time - first chunk time) / steps between them   (per request)
+
+pooled over the wave's requests (sums of spans over sums of steps). A chunk is one step; without
+speculation, where a chunk carries its token count (continuous usage), a server that merged two
+steps' tokens into one chunk is seen, and steps are counted as tokens. Chunk arrival times carry
+transport jitter; only the two ends of each span do, so a window of N steps errs by jitter / N.
+
+What a step computed, from each request's counters: rows = 1 + draft rows (drafted tokens per
+decode step of that request: its draft_tokens / (output - 1 - accepted); 0 without speculation),
+logits rows = rows, KV read = its prompt + the tokens it had made at the middle of the window.
+Worked example: 4 requests of 100-token prompts, no drafts, window from their 9th to their 29th
+chunk over 0.8 s: step 0.8 / 20 = 40 ms, 4 tokens, 4 x (100 + 19) = 476 KV tokens.
+
+Prefill steps are timed apart, by single requests sent one after another (`prefill_sample`): a
+TTFT is one step of the whole prompt with one logits row and no cached KV, plus the server's
+request overhead (the HTTP round trip, tokenizing; fitted apart, engine/step_fit.py). A wave's own
+first tokens are no use for that: its requests reach the server a few milliseconds apart, and an
+engine starts a step with whichever have arrived.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specwise.bench.results import RequestRecord
+from specwise.engine.step_fit import StepSample
+
+EDGE = 0.5                  # a chunk within half a step of t0 or t1 counts as inside the window
+MIN_WINDOW_STEPS = 3
+
+
+@dataclass
+class WaveSteps:
+    """What one wave measured: its decode step (None when the window was too short)."""
+    batch_size: int
+    decode: StepSample | None
+    window_steps: int = 0
+    spread: float = 0.0          # relative spread of the per-request step estimates (noise)
+
+
+def wave_steps(records: list[RequestRecord], batch_size: int,
+               drafts: tuple[float, float] | None = None) -> WaveSteps:
+    """records: the wave's requests (send_time on one clock). drafts: (draft tokens, accepted tokens)
+    over the whole wave where requests carry no counters (a server's Prometheus deltas), else None."""
+    done = [r for r in records if not r.error and r.ttft is not None and len(r.chunk_times) >= 2]
+    if len(done) < batch_size:
+        return WaveSteps(batch_size, None)      # a lost request breaks the lockstep
+    decode, window, spread = _decode(done, drafts)
+    return WaveSteps(batch_size, decode, window, spread)
+
+
+def _decode(done: list[RequestRecord], drafts) -> tuple[StepSample | None, int, float]:
+    first = [r.send_time + r.chunk_times[0] for r in done]
+    last = [r.send_time + r.chunk_times[-1] for r in done]
+    t0, t1 = max(first), min(last)
+    spans, steps, tokens, kv, estimates = 0.0, 0.0, 0.0, 0.0, []
+    for r in done:
+        times = np.asarray(r.chunk_times) + r.send_time
+        gap = float(np.median(np.diff(times)))
+        inside = np.flatnonzero((times >= t0 - EDGE * gap) & (times <= t1 + EDGE * gap))
+        if len(inside) < 2:
+            continue
+        a, b = inside[0], inside[-1]
+        emitted, rows = _per_step(r, drafts, len(done))
+        # tokens made up to each chunk: counted by the server, else the first 1 and then a step's worth each
+        made = np.cumsum(r.chunk_tokens) if r.chunk_tokens else 1 + np.arange(len(times)) * emitted
+        # steps in the window: its chunks; without drafts, where chunks know their tokens, its tokens (a
+        # server that fell behind merges two steps' tokens into one chunk)
+        count = float(made[b] - made[a]) if r.chunk_tokens and rows == 1 else float(b - a)
+        if count <= 0:
+            continue
+        spans += times[b] - times[a]
+        steps += count
+        estimates.append((times[b] - times[a]) / count)
+        tokens += rows
+        kv += r.prompt_tokens + (made[a] + made[b]) / 2 - 1       # cached: all but the step's input token
+    if steps < MIN_WINDOW_STEPS * len(done) or not estimates:
+        return None, int(steps / max(len(done), 1)), 0.0
+    seconds = spans / steps
+    spread = float(np.std(estimates) / np.mean(estimates)) if len(estimates) > 1 else 0.0
+    return StepSample(tokens, kv, seconds), int(round(steps / len(estimates))), spread
+
+
+def _per_step(r: RequestRecord, shared, batch_size: int) -> tuple[float, float]:
+    """(tokens emitted, rows computed) per decode step of this request, from its own counters, else
+    its share of the wave's (shared: (draft tokens, accepted tokens) over the wave), else none."""
+    if r.draft_tokens is not None:
+        drafted, accepted = r.draft_tokens, r.accepted_tokens or 0
+    elif shared is not None:
+        drafted, accepted = shared[0] / batch_size, shared[1] / batch_size
+    else:
+        drafted, accepted = 0, 0
+    steps = max(r.output_tokens - 1 - accepted, 1)
+    return max(r.output_tokens - 1, 1) / steps, 1.0 + drafted / steps
+
+
+def prefill_sample(records: list[RequestRecord]) -> StepSample | None:
+    """Single requests of one prompt length, sent one after another: the median TTFT as one step of
+    the whole prompt (one logits row, no cached KV) plus the server's request overhead."""
+    done = [r for r in records if not r.error and r.ttft is not None]
+    if not done:
+        return None
+    return StepSample(float(np.median([r.prompt_tokens for r in done])), 0.0, float(np.median([r.ttft for r in done])),
+                      logits_rows=1.0, first_token=True)

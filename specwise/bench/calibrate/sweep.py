@@ -1,0 +1,151 @@
+"""`specwise calibrate --endpoint URL`: a short designed sweep against any OpenAI-compatible server,
+fitted to the step-cost model the simulator reads (engine/step_fit.py).
+
+The design: first, for each prefill length, `prefill_repeats` single requests of one output
+token, one after another: a prefill step each (its TTFT). Then, for each prompt length and each
+batch size, one wave of `batch_size` requests sent together, prompts of that length (cut from a
+suite category's text, bench/inputs/synthetic.py), outputs forced to `output_tokens` (ignore_eos
+with min_tokens = max_tokens, as trace replay sends them): a decode step at that batch size and
+context (calibrate/samples.py). Waves run from the cheapest to the dearest, the endpoints'
+alternating, so a time budget cuts the largest shapes of every endpoint alike; a request still
+running at the budget's end is cancelled, and its wave dropped.
+
+Requests go through the evaluator's own HTTP target (bench/load/targets/http.py) and timing
+(bench/load/measure.py), with continuous usage so each chunk knows its tokens. A speculating
+endpoint's drafts come from its responses (vLLM's `metrics.speculative_decoding`, our server's
+`specwise` counters), else from its Prometheus counters differenced around each wave.
+"""
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
+from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.inputs.synthetic import synthesize_prompts
+from specwise.bench.load.measure import Slot, measure
+from specwise.bench.load.targets.http import HttpTarget
+from specwise.bench.load.targets.prometheus import difference
+from specwise.bench.results import RequestRecord
+from specwise.engine.step_fit import StepSample
+from specwise.errors import ConfigError
+
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class SweepDesign:
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    prompt_tokens: list[int] = field(default_factory=lambda: [32, 256])
+    output_tokens: int = 48
+    prefill_tokens: list[int] = field(default_factory=lambda: [32, 256, 1024])
+    prefill_repeats: int = 3
+    budget_s: float = 180.0
+    category: str = "chat"
+
+    def __post_init__(self):
+        for name in ("batch_sizes", "prompt_tokens", "prefill_tokens"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ConfigError(f"calibrate --endpoint: {name.replace('_', '-')} must be positive numbers")
+        if self.output_tokens < 2 * 3 + 2:
+            raise ConfigError("calibrate --endpoint: --output-tokens must be at least 8 (a window of steps "
+                              "between the prefills and the first finish)")
+        if self.prefill_repeats < 1:
+            raise ConfigError("calibrate --endpoint: --prefill-repeats must be at least 1")
+        if self.budget_s <= 0:
+            raise ConfigError("calibrate --endpoint: --budget must be positive seconds")
+
+    def waves(self) -> list[tuple[int, int]]:
+        """(batch size, prompt tokens), cheapest first."""
+        return sorted(((b, p) for b in self.batch_sizes for p in self.prompt_tokens),
+                      key=lambda shape: (shape[0] * (shape[1] + self.output_tokens), shape))
+
+
+@dataclass
+class Wave:
+    endpoint: str
+    batch_size: int
+    prompt_tokens: int
+    records: list[RequestRecord]
+    steps: WaveSteps | None = None
+
+
+@dataclass
+class Probe:
+    """Single requests of one prompt length, one after another: a prefill step each."""
+    endpoint: str
+    prompt_tokens: int
+    records: list[RequestRecord]
+    sample: StepSample | None = None
+
+
+async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
+                    on_step: Callable[[], None] | None = None) -> tuple[list[Probe], list[Wave]]:
+    """The prefill probes, then every wave of the design, against every target, within the budget
+    (warm-up included). on_step: called after each probe and each wave."""
+    started = time.perf_counter()
+    deadline = started + design.budget_s
+    for target in targets:
+        await target.start()
+    probes, waves = [], []
+    try:
+        for target in targets:
+            await _send(target, _requests(design, 1, min(design.prompt_tokens), WARMUP_TOKENS, "warmup"),
+                        started, deadline)
+        for prompt_tokens in design.prefill_tokens:
+            for target in targets:
+                records = []
+                for repeat in range(design.prefill_repeats):
+                    if time.perf_counter() >= deadline:
+                        return probes, waves
+                    records += await _send(target, _requests(design, 1, prompt_tokens, 1,
+                                                             f"prefill{repeat}-p{prompt_tokens}"), started, deadline)
+                probes.append(Probe(target.name, prompt_tokens, records, prefill_sample(records)))
+                if on_step:
+                    on_step()
+        for batch_size, prompt_tokens in design.waves():
+            for target in targets:
+                if time.perf_counter() >= deadline:
+                    return probes, waves
+                before = await target.server_acceptance()
+                requests = _requests(design, batch_size, prompt_tokens, design.output_tokens,
+                                     f"b{batch_size}-p{prompt_tokens}")
+                records = await _send(target, requests, started, deadline)
+                wave = Wave(target.name, batch_size, prompt_tokens, records)
+                shared = _shared_drafts(before, await target.server_acceptance(), records)
+                wave.steps = wave_steps(records, batch_size, shared)
+                waves.append(wave)
+                if on_step:
+                    on_step()
+        return probes, waves
+    finally:
+        for target in targets:
+            await target.close()
+
+
+def _requests(design: SweepDesign, batch_size: int, prompt_tokens: int, output_tokens: int,
+              tag: str) -> list[WorkloadRequest]:
+    shells = [WorkloadRequest(request_id=f"{tag}-{i}", category=design.category, max_tokens=output_tokens,
+                              prompt_tokens=prompt_tokens, ignore_eos=True) for i in range(batch_size)]
+    return synthesize_prompts(shells, design.category)
+
+
+async def _send(target: HttpTarget, requests: list[WorkloadRequest], started: float,
+                deadline: float) -> list[RequestRecord]:
+    """All requests at once; a request still running at the deadline is cancelled (an error record)."""
+    slot = Slot("concurrency", len(requests), started)
+    timeout = max(deadline - time.perf_counter(), 0.001)
+    return list(await asyncio.gather(*(measure(target, request, slot, timeout) for request in requests)))
+
+
+def _shared_drafts(before, after, records: list[RequestRecord]) -> tuple[float, float] | None:
+    """(draft tokens, accepted tokens) over the wave from the server's counters, where its responses
+    carry none; None when they do or when the server publishes no counters."""
+    if any(r.draft_tokens is not None for r in records):
+        return None
+    delta = difference(before, after)
+    if delta is None or delta.draft_tokens is None or before is None:
+        return None
+    return delta.draft_tokens, delta.accepted_tokens

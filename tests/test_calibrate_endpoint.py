@@ -1,0 +1,185 @@
+"""`specwise calibrate --endpoint URL`: a designed sweep against a server whose step time is a known
+function (tests/fake_engine.py with FAKE_ENGINE_STEP_COST) recovers that function; a sweep too short
+to fit, or too noisy, is refused in one line; the wave arithmetic of bench/calibrate/samples.py by hand.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specwise.bench.calibrate.command import _fit, parse_arms
+from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
+from specwise.bench.calibrate.sweep import SweepDesign, Wave
+from specwise.bench.results import RequestRecord
+from specwise.cli import main
+from specwise.engine.step_fit import LinearStepCost, StepSample
+from specwise.engine.step_profile import load_step_cost
+from specwise.errors import ConfigError
+
+FAKE = Path(__file__).parent / "fake_engine.py"
+# the fake engine's step: 20 ms + 0.5 ms a row + 40 us a cached token read + 2 ms a sampled row
+FIXED, PER_TOKEN, PER_KV, PER_ROW = 0.020, 0.0005, 0.00004, 0.002
+SWEEP = ["--batch-sizes", "1,2,4,8", "--prompt-tokens", "16,256", "--output-tokens", "16",
+         "--prefill-lens", "16,256,1024"]
+# Recovered within 5%: the chunks' arrival times carry the machine's scheduling jitter. On the shared
+# 2-core VM every coefficient came within 0.7% quiet and within 3.4% at load average 9.
+TOLERANCE = 0.05
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """A plain and a speculating (k = 3) fake engine with the known step time; ended by PID."""
+    env = dict(os.environ, FAKE_ENGINE_START_DELAY="0", FAKE_ENGINE_STEP_COST=f"{FIXED},{PER_TOKEN},{PER_KV},{PER_ROW}")
+    urls, processes = [], []
+    try:
+        for extra in ([], ["--speculative-config", '{"num_speculative_tokens": 3}',
+                           "--per-request-spec-decode-metrics", "summary"]):
+            port = free_port()
+            processes.append(subprocess.Popen([sys.executable, str(FAKE), "serve", "m", "--port", str(port), *extra],
+                                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url, process in zip(urls, processes):
+            wait_ready(url, process)
+        yield urls
+    finally:
+        for process in processes:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the fake engine exited"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never answered")
+
+
+def test_recovers_the_known_step_cost_of_a_plain_and_a_speculating_server(servers, tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    plain, speculating = servers
+    assert main(["calibrate", "--endpoint", plain, "--speculative-arm", f"ngram={speculating}", *SWEEP,
+                 "--output", str(path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    for fitted in (data["linear"], data["linear"]["drafting"]["ngram"]):
+        assert fitted["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
+        assert fitted["per_token_s"] == pytest.approx(PER_TOKEN, rel=TOLERANCE)
+        assert fitted["per_kv_token_s"] == pytest.approx(PER_KV, rel=TOLERANCE)
+        assert fitted["per_logits_row_s"] == pytest.approx(PER_ROW, rel=TOLERANCE)
+        # the HTTP round trip and the prompt's handling, a few ms on loopback, never a step's worth
+        assert 0 < fitted["request_overhead_s"] < FIXED
+    assert "endpoint off: fitted linear:" in out and "endpoint ngram: fitted linear:" in out
+    assert out.count("measured") == data["linear"]["steps"] + data["linear"]["drafting"]["ngram"]["steps"]
+    waves = data["calibration"]["waves"]
+    assert len(waves) == 16 and all(wave["errors"] == 0 for wave in waves)
+    assert len(data["calibration"]["prefills"]) == 6
+    # the speculating server's waves computed 1 + 3 rows per sequence each step
+    assert {wave["tokens"] / wave["batch_size"] for wave in waves if wave["endpoint"] == "ngram"} == {4.0}
+    cost = load_step_cost(path)                   # what simulate, calc and validate read
+    assert isinstance(cost, LinearStepCost) and cost.for_method("ngram") is not cost
+    assert cost.for_method("off") is cost and cost.request_overhead_s > 0
+
+
+def test_a_sweep_too_short_to_fit_is_refused_in_one_line(servers, tmp_path, capsys):
+    assert main(["calibrate", "--endpoint", servers[0], "--batch-sizes", "1", "--prompt-tokens", "16",
+                 "--output-tokens", "16", "--prefill-lens", "16", "--prefill-repeats", "1",
+                 "--output", str(tmp_path / "p.json")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("specwise: error: endpoint off: the sweep is too short to fit") and "\n" not in error
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_server_that_does_not_answer_is_refused_before_the_sweep(tmp_path, capsys):
+    assert main(["calibrate", "--endpoint", f"http://127.0.0.1:{free_port()}", "--output",
+                 str(tmp_path / "p.json")]) == 2
+    assert "does not answer" in capsys.readouterr().err
+
+
+def test_a_noisy_sweep_is_refused_in_one_line():
+    """Steps that scatter 30% around any straight line: the fit's median residual gives it away."""
+    samples = [StepSample(b, b * c, (0.02 + 0.001 * b + 1e-5 * b * c) * noise)
+               for (b, c), noise in zip([(b, c) for b in (1, 2, 4, 8) for c in (20, 150)],
+                                        (1.3, 0.7, 0.7, 1.3, 1.3, 0.7, 0.7, 1.3))]
+    waves = [Wave("off", 1, 16, [], WaveSteps(1, sample)) for sample in samples]
+    with pytest.raises(ConfigError, match="too noisy to fit") as error:
+        _fit("off", waves, [])
+    assert "\n" not in str(error.value)
+
+
+def test_bad_arms_and_designs_are_refused():
+    assert parse_arms(["ngram=http://h:1"]) == {"ngram": "http://h:1"}
+    for bad in (["ngram"], ["=http://h"], ["off=http://h"], ["ngram=http://a", "ngram=http://b"]):
+        with pytest.raises(ConfigError):
+            parse_arms(bad)
+    with pytest.raises(ConfigError, match="output-tokens"):
+        SweepDesign(output_tokens=4)
+    assert SweepDesign(batch_sizes=[4, 1], prompt_tokens=[100, 10], output_tokens=10).waves() == [
+        (1, 10), (4, 10), (1, 100), (4, 100)]
+
+
+def record(index: int, send: float, ttft: float, gap: float, chunks: int, prompt: int = 100, **counters):
+    times = [ttft + gap * i for i in range(chunks)]
+    return RequestRecord(arm="off", method="http", load_kind="concurrency", load_value=4, category="chat",
+                         request_id=f"r{index}", prompt_tokens=prompt, output_tokens=counters.pop("output", chunks),
+                         send_time=send, ttft=ttft, e2e=times[-1], chunk_times=times,
+                         chunk_tokens=counters.pop("chunk_tokens", []), **counters)
+
+
+def test_a_wave_by_hand():
+    """4 requests sent at 0, prefilled in one step (first tokens all at 0.1 s), then 40 ms steps: the
+    window runs from 0.1 s to the first finish; KV = 4 x (100 + the tokens made mid-window - 1)."""
+    records = [record(i, 0.0, 0.1, 0.04, 30) for i in range(4)]
+    steps = wave_steps(records, 4)
+    assert steps.decode.seconds == pytest.approx(0.04)
+    assert steps.decode.tokens == 4 and steps.window_steps == 29
+    assert steps.decode.kv_tokens == pytest.approx(4 * (100 + (1 + 30) / 2 - 1))
+    # staggered prefill: the window starts at the last first token
+    late = [record(i, 0.0, 0.1 + 0.04 * i, 0.04, 30) for i in range(4)]
+    staggered = wave_steps(late, 4)
+    assert staggered.window_steps == 26
+    assert staggered.decode.seconds == pytest.approx(0.04)
+    # a lost request breaks the lockstep: no sample
+    assert wave_steps(records[:3], 4).decode is None
+
+
+def test_a_speculating_wave_by_hand():
+    """Each request drafted 3 tokens a step over 10 decode steps and accepted 10 of 30: 21 tokens in
+    11 chunks (the first from the prefill), rows 1 + 30 / 10 = 4 a step. From the server's counters
+    instead (no per-request ones), each request's share of the wave's."""
+    own = [record(i, 0.0, 0.1, 0.05, 11, output=21, drafts=10, draft_tokens=30, accepted_tokens=10)
+           for i in range(2)]
+    steps = wave_steps(own, 2)
+    assert steps.decode.seconds == pytest.approx(0.05) and steps.decode.tokens == pytest.approx(8)
+    shared = [record(i, 0.0, 0.1, 0.05, 11, output=21) for i in range(2)]
+    assert wave_steps(shared, 2, drafts=(60, 20)).decode.tokens == pytest.approx(8)
+
+
+def test_a_prefill_is_the_median_ttft_of_single_requests():
+    records = [record(i, i, ttft, 0.04, 2, prompt=256) for i, ttft in enumerate((0.31, 0.30, 0.45))]
+    assert prefill_sample(records) == StepSample(256, 0, pytest.approx(0.31), logits_rows=1, first_token=True)
+
+
+def test_merged_chunks_count_their_tokens():
+    """A plain server that fell behind sent two steps' tokens in one chunk: steps are counted as tokens."""
+    records = [record(i, 0.0, 0.1, 0.08, 15, output=29, chunk_tokens=[1] + [2] * 14) for i in range(2)]
+    assert wave_steps(records, 2).decode.seconds == pytest.approx(0.04)
