@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from specwise.calc.arms import parse_arm
+from specwise.calc.catalog import gpu_names
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.throughput import decode_rates
 from specwise.errors import ConfigError
 from specwise.sim.published import (ROLES, Prediction, PublishedPoint, deployment_for, load_points,
                                     median_abs_error, not_reproduced, predict)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "published_sweeps.md"
 
 SERIES = {
     "id": "toy", "citation": "A. Author: a paper (2025), Table 1", "url": "https://example.org/paper",
@@ -103,3 +106,10 @@ def test_median_error_equals_a_hand_computation_on_two_points():
     assert median_abs_error([held_out, fit], "fit") == pytest.approx(0.25)
     assert median_abs_error([fit], "held_out") is None
 
+
+def test_the_docs_say_for_every_catalog_gpu_what_checks_it_and_cite_every_series():
+    text = DOCS.read_text(encoding="utf-8")
+    for name in gpu_names():
+        assert f"`{name}`" in text, f"docs/published_sweeps.md says nothing of {name}"
+    for url in {p.url for p in load_points()}:
+        assert url in text, f"docs/published_sweeps.md does not cite {url}"
