@@ -10,13 +10,24 @@ per --overhead-ms (a fixed time added to every forward pass; the default is 0, a
 uses 2 ms for the vLLM blog's setting). Prints, per point, published against predicted with the error
 (predicted / published - 1), then the median absolute error over all points and over the held-out
 ones, the catalog GPUs and models that no published point checks, and what was recorded but not
-predicted. Runs in a few seconds on one core; nothing here is asserted by the tests.
+predicted. Where others published a fitted step time for a point's GPU and model (the file's
+"step_time_fits"), the point is also predicted with that step time in place of the roofline
+("step fit" column), and the two step times are printed side by side. Runs in a few seconds on one core;
+nothing here is asserted by the tests.
 """
 
 import argparse
 
+import numpy as np
+
 from specwise.calc.catalog import get_gpu, get_model, gpu_names, model_names
-from specwise.sim.published import load_points, median_abs_error, not_reproduced, predict_all
+from specwise.calc.roofline import RooflineCost
+from specwise.sim.published import (deployment_for, load_points, load_step_time_fits, median_abs_error,
+                                    not_reproduced, predict_all, predict_with_fits)
+
+STEP_BATCHES = (1, 8, 32, 64)
+STEP_TOKENS = (1, 4)
+STEP_CONTEXT = 384            # cached tokens per sequence (128-token prompt, half of 512 out)
 
 
 def main() -> None:
@@ -28,11 +39,13 @@ def main() -> None:
     overheads = [float(value) for value in args.overhead_ms.split(",") if value.strip()]
     points = load_points(args.data)
     runs = {overhead: predict_all(points, overhead) for overhead in overheads}
+    fits = load_step_time_fits(args.data)
+    with_fits = predict_with_fits(points, fits)
 
     header = ["series", "GPU", "model", "arm", "load", "published"]
     for overhead in overheads:
         header += [f"pred {overhead:g} ms", "error"]
-    header.append("role")
+    header += ["pred step fit", "error", "role"]
     rows = []
     for index, point in enumerate(points):
         load = f"batch {point.load:g}" if point.load_kind == "batch" else f"{point.load:g} req/s"
@@ -41,20 +54,43 @@ def main() -> None:
         for overhead in overheads:
             prediction = runs[overhead][index]
             row += [f"{prediction.predicted:.2f}", f"{prediction.error:+.0%}"]
+        fitted = with_fits[index]
+        row += ["-", "-"] if fitted is None else [f"{fitted.predicted:.2f}", f"{fitted.error:+.0%}"]
         row.append(point.role.replace("_", "-"))
         rows.append(row)
     print_table(header, rows, args.markdown)
 
     print()
-    summary = [["median abs error", "points"] + [f"{overhead:g} ms" for overhead in overheads]]
-    for label, role in (("all", None), ("held out", "held_out"), ("fit", "fit")):
-        count = sum(1 for point in points if role is None or point.role == role)
-        summary.append([label, str(count)] + [_percent(median_abs_error(runs[o], role)) for o in overheads])
-    for series in dict.fromkeys(point.series for point in points):
-        chosen = {o: [p for p in runs[o] if p.point.series == series] for o in overheads}
-        summary.append([series, str(len(chosen[overheads[0]]))]
-                       + [_percent(median_abs_error(chosen[o])) for o in overheads])
+    summary = [["median abs error", "points"] + [f"{overhead:g} ms" for overhead in overheads]
+               + ["step fit (points)"]]
+    groups = [("all", lambda i: True), ("held out", lambda i: points[i].role == "held_out"),
+              ("fit", lambda i: points[i].role == "fit"),
+              ("covered by a step-time fit", lambda i: with_fits[i] is not None)]
+    groups += [(series, lambda i, s=series: points[i].series == s)
+               for series in dict.fromkeys(point.series for point in points)]
+    for label, chosen in groups:
+        indices = [index for index in range(len(points)) if chosen(index)]
+        fitted = [with_fits[index] for index in indices if with_fits[index] is not None]
+        summary.append([label, str(len(indices))]
+                       + [_percent(median_abs_error([runs[o][index] for index in indices])) for o in overheads]
+                       + [f"{_percent(median_abs_error(fitted))} ({len(fitted)})" if fitted else "-"])
     print_table(summary[0], summary[1:], args.markdown)
+
+    for fit in fits:
+        print()
+        print(f"target step time, ms: roofline (defaults) against {fit.id} ({fit.engine}), "
+              f"{fit.tp}x {fit.gpu}, {fit.model}, {STEP_CONTEXT} cached tokens a sequence")
+        roofline = RooflineCost(deployment_for(next(p for p in points if fit.covers(p))))
+        published = fit.cost()
+        rows = []
+        for batch in STEP_BATCHES:
+            for tokens in STEP_TOKENS:
+                context = np.array([batch * STEP_CONTEXT], dtype=float)
+                ours = float(roofline.step_times(batch, tokens, context)[0])
+                theirs = float(published.step_times(batch, tokens, context)[0])
+                rows.append([str(batch), str(tokens), f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}",
+                             f"{ours / theirs - 1:+.0%}"])
+        print_table(["batch", "tokens/seq", "roofline", "published fit", "roofline error"], rows, args.markdown)
 
     print()
     checked_gpus = {get_gpu(point.gpu).name for point in points}

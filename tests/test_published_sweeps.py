@@ -13,9 +13,11 @@ from specwise.calc.arms import parse_arm
 from specwise.calc.catalog import gpu_names
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.throughput import decode_rates
+from specwise.engine.step_fit import LinearStepCost
 from specwise.errors import ConfigError
 from specwise.sim.published import (ROLES, Prediction, PublishedPoint, deployment_for, load_points,
-                                    median_abs_error, not_reproduced, predict)
+                                    load_step_time_fits, median_abs_error, not_reproduced, predict,
+                                    predict_with_fits)
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "published_sweeps.md"
 
@@ -28,9 +30,15 @@ SERIES = {
 }
 
 
-def write(tmp_path, *series, not_reproduced_entries=()) -> Path:
+FIT = {"id": "toy-fit", "citation": "B. Author: a simulator, predictor.py", "url": "https://example.org/sim",
+       "engine": "some engine", "gpu": "h100", "tp": 1, "model": "llama-3.1-8b-instruct",
+       "fixed_s": 0.006, "per_token_s": 2e-5, "per_kv_token_s": 4e-8}
+
+
+def write(tmp_path, *series, fits=(), not_reproduced_entries=()) -> Path:
     path = tmp_path / "sweeps.json"
-    path.write_text(json.dumps({"series": list(series), "not_reproduced": list(not_reproduced_entries)}))
+    path.write_text(json.dumps({"series": list(series), "step_time_fits": list(fits),
+                                "not_reproduced": list(not_reproduced_entries)}))
     return path
 
 
@@ -51,6 +59,7 @@ def test_the_package_data_names_a_source_and_a_setup_for_every_point():
         assert p.prompt_tokens > 0 and p.output_tokens > 0 and p.load > 0 and p.published > 0
         deployment = deployment_for(p)
         parse_arm(p.arm, RooflineCost(deployment), deployment)          # the arm is one the calculators take
+    assert all(fit.citation and fit.url.startswith("https://") and fit.engine for fit in load_step_time_fits())
     for entry in not_reproduced():
         assert entry["citation"] and entry["url"].startswith("https://") and entry["published"] and entry["reason"]
 
@@ -85,6 +94,28 @@ def test_a_batch_point_is_predicted_by_the_throughput_calculator(tmp_path):
             cost = RooflineCost(deployment)
             expected = decode_rates(cost, parse_arm(p.arm, cost, deployment), int(p.load), 128 + 256 / 2).ratio
             assert predict(p, overhead) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_published_step_time_fit_stands_in_for_the_roofline_on_the_points_it_covers(tmp_path):
+    """It covers a point of the same GPU, tp and model whatever the aliases; its prediction is
+    decode_rates' ratio on engine/step_fit.py's LinearStepCost with the fit's coefficients."""
+    other_tp = {**SERIES, "id": "toy-tp2", "tp": 2, "points": [{"load": 4, "published": 1.1}]}
+    path = write(tmp_path, SERIES, other_tp, fits=[FIT])
+    points, fits = load_points(path), load_step_time_fits(path)
+    first, second, on_two_gpus = predict_with_fits(points, fits)
+    assert on_two_gpus is None
+    cost = LinearStepCost(0.006, 2e-5, 4e-8)
+    deployment = deployment_for(points[1])
+    expected = decode_rates(cost, parse_arm(points[1].arm, cost, deployment), 32, 128 + 256 / 2).ratio
+    assert second.predicted == pytest.approx(expected, rel=1e-12)
+    assert first.point is points[0] and first.predicted != predict(points[0])
+
+
+def test_a_step_time_fit_without_a_coefficient_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="missing 'per_kv_token_s'"):
+        load_step_time_fits(write(tmp_path, fits=[{k: v for k, v in FIT.items() if k != "per_kv_token_s"}]))
+    with pytest.raises(ConfigError, match=">= 0"):
+        load_step_time_fits(write(tmp_path, fits=[{**FIT, "fixed_s": -1}]))
 
 
 def test_a_rate_point_gains_at_low_load_and_less_at_high_load(tmp_path):

@@ -9,6 +9,8 @@ figures and the calculators' own code, nothing copied:
   load "rate" (Poisson arrivals): the flat simulator (sim/flat.py), mean TPOT off / spec.
 error = predicted / published - 1; the summary is the median absolute error, over all points and
 over the held-out ones (role "held_out": no setting of specwise was chosen to match them).
+A step-time fit others published (fixed + per token + per KV token, engine/step_fit.py's form) can
+stand in for the roofline's target step on points of its GPU, tensor parallelism and model.
 
 Worked example: published 1.50, predicted 1.65: error +10%; with a second point published 2.00,
 predicted 1.50 (-25%), the median absolute error is (10% + 25%) / 2 = 17.5%.
@@ -28,6 +30,8 @@ from specwise.calc.catalog import get_gpu, get_model
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.throughput import decode_rates
+from specwise.engine.step_cost import StepCostModel
+from specwise.engine.step_fit import LinearStepCost
 from specwise.errors import ConfigError, InputError
 from specwise.sim.flat import FlatSimulator
 from specwise.sim.simulator import SimServerConfig
@@ -59,6 +63,28 @@ class PublishedPoint:
     role: str                   # "fit" or "held_out"
     assumptions: tuple[str, ...] = ()
     fitted: str = ""            # what was chosen to match this point (role "fit")
+
+
+@dataclass(frozen=True)
+class StepTimeFit:
+    id: str
+    citation: str
+    url: str
+    engine: str
+    gpu: str
+    tp: int
+    model: str
+    fixed_s: float
+    per_token_s: float
+    per_kv_token_s: float
+
+    def cost(self) -> LinearStepCost:
+        return LinearStepCost(self.fixed_s, self.per_token_s, self.per_kv_token_s,
+                              description=f"published step-time fit {self.id}")
+
+    def covers(self, point: PublishedPoint) -> bool:
+        return (get_gpu(self.gpu).name, self.tp, get_model(self.model).name) == \
+            (get_gpu(point.gpu).name, point.tp, get_model(point.model).name)
 
 
 @dataclass(frozen=True)
@@ -114,6 +140,20 @@ def load_points(path: str | Path | None = None) -> list[PublishedPoint]:
     return points
 
 
+def load_step_time_fits(path: str | Path | None = None) -> list[StepTimeFit]:
+    fits = []
+    for entry in read_data(path).get("step_time_fits", []):
+        try:
+            fit = StepTimeFit(**{name: entry[name] for name in StepTimeFit.__dataclass_fields__})
+        except KeyError as missing:
+            raise ConfigError(f"step-time fit {entry.get('id', '?')!r}: missing {missing}") from None
+        get_gpu(fit.gpu), get_model(fit.model)
+        if fit.fixed_s < 0 or fit.per_token_s < 0 or fit.per_kv_token_s < 0:
+            raise ConfigError(f"step-time fit {fit.id!r}: coefficients must be >= 0")
+        fits.append(fit)
+    return fits
+
+
 def not_reproduced(path: str | Path | None = None) -> list[dict]:
     """Published results recorded but not predicted, each with the reason."""
     return read_data(path).get("not_reproduced", [])
@@ -126,9 +166,11 @@ def deployment_for(point: PublishedPoint, forward_overhead_ms: float = 0.0) -> D
                                                    forward_overhead_ms=forward_overhead_ms))
 
 
-def predict(point: PublishedPoint, forward_overhead_ms: float = 0.0, seed: int = 0) -> float:
+def predict(point: PublishedPoint, forward_overhead_ms: float = 0.0, seed: int = 0,
+            step_cost: StepCostModel | None = None) -> float:
+    """`step_cost`: the target's step time instead of the roofline (drafting still as the arm says)."""
     deployment = deployment_for(point, forward_overhead_ms)
-    cost = RooflineCost(deployment)
+    cost = step_cost or RooflineCost(deployment)
     arm = parse_arm(point.arm, cost, deployment)
     if point.load_kind == "batch":
         context = point.prompt_tokens + point.output_tokens / 2
@@ -137,17 +179,27 @@ def predict(point: PublishedPoint, forward_overhead_ms: float = 0.0, seed: int =
     return tpot[OFF.name] / tpot[arm.name]
 
 
-def _simulated_tpot(point: PublishedPoint, cost: RooflineCost, deployment: Deployment, arm: SpecArm,
+def _simulated_tpot(point: PublishedPoint, cost: StepCostModel, deployment: Deployment, arm: SpecArm,
                     seed: int) -> float:
     requests = [WorkloadRequest(request_id=str(i), category="published", max_tokens=point.output_tokens,
                                 prompt_tokens=point.prompt_tokens, ignore_eos=True) for i in range(RATE_REQUESTS)]
     capacity = deployment.memory_plan(arm.drafter).kv_capacity_tokens
-    result = FlatSimulator(cost, SimServerConfig(), capacity, seed=seed).run(requests, arm, LoadPoint("rate", point.load))
+    simulator = FlatSimulator(cost, SimServerConfig(), capacity, seed=seed)
+    result = simulator.run(requests, arm, LoadPoint("rate", point.load))
     return point_metrics(result.records).tpot.mean
 
 
 def predict_all(points: list[PublishedPoint], forward_overhead_ms: float = 0.0) -> list[Prediction]:
     return [Prediction(point, predict(point, forward_overhead_ms)) for point in points]
+
+
+def predict_with_fits(points: list[PublishedPoint], fits: list[StepTimeFit]) -> list[Prediction | None]:
+    """Each point predicted with the first published step-time fit that covers it (None where none does)."""
+    predictions = []
+    for point in points:
+        fit = next((fit for fit in fits if fit.covers(point)), None)
+        predictions.append(Prediction(point, predict(point, step_cost=fit.cost())) if fit else None)
+    return predictions
 
 
 def relative_error(predicted: float, published: float) -> float:
