@@ -112,6 +112,22 @@ def test_blocks_restart_at_each_change_of_arm_and_warm_up_after_each_start(tmp_p
     assert "2 restart(s)" in summary and "Acceptance of ngram-k4 is read from each response" in summary
 
 
+def test_blocks_compare_each_responses_acceptance_with_prometheus_read_around_every_block(tmp_path, fake):
+    """A restart zeroes the server's counters: each block's difference (warm-up excluded) is summed."""
+    outcome = evaluate(run_config(tmp_path, concurrency="1,2", num_requests=8), argv=[], launch=settings(blocks=4))
+    run = json.loads((outcome.results_dir / "run.json").read_text())
+    records = [r for r in read_records(outcome.results_dir) if not r.warmup and r.arm == "ngram-k4"]
+    entries = [entry for entry in run["server_acceptance"] if entry["arm"] == "ngram-k4"]
+    assert [entry["load_value"] for entry in entries] == [1, 2] and all(entry["blocks"] == 4 for entry in entries)
+    for entry in entries:
+        mine = [r for r in records if r.load_value == entry["load_value"]]
+        assert (entry["drafts"], entry["draft_tokens"], entry["accepted_tokens"]) == (
+            sum(r.drafts for r in mine), sum(r.draft_tokens for r in mine), sum(r.accepted_tokens for r in mine))
+        assert entry["drafts"] > 0 and entry["requests_agree"] is True
+    assert run["launch"]["restarts"] > 4            # the counters were read across several lives of the server
+    assert "(read around each block and summed: a restart zeroes them) agree" in outcome.report.summary_md.read_text()
+
+
 def test_start_timeout_is_one_line_with_the_log_tail(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_HANG", "1")
     with pytest.raises(LaunchError) as error:

@@ -10,7 +10,8 @@ Pairing, chosen and stated (run.json "launch", the report):
                 start also starts with empty caches. The schedule's rounds become blocks:
                 A | B B | A A | B ... Restarts are counted.
 An engine that refuses per-request acceptance (vLLM before 0.32) is relaunched without it:
-acceptance then comes from its Prometheus counters (side by side only), and the report says so.
+acceptance then comes from its Prometheus counters (in blocks read around each block and summed:
+bench/load/runner.py), and the report says so.
 A server that exits mid-run ends its requests as errors ("server of arm X exited (code N)")
 and the run goes on (--on-server-exit continue; in blocks the next block restarts it) or
 stops with what finished kept (--on-server-exit stop).
@@ -190,8 +191,8 @@ class LaunchedTarget:
         self.pool.stop(self.name)
 
     async def server_acceptance(self) -> ServerAcceptance | None:
-        # blocks: a restart zeroes the server's counters, so a point's difference means nothing
-        return await self.http.server_acceptance() if self.pool.side_by_side else None
+        # blocks: the runner reads them around each block (a restart zeroes them)
+        return await self.http.server_acceptance()
 
     async def stream(self, request: WorkloadRequest) -> AsyncIterator[StreamEvent]:
         exited = self.pool.note_exit(self.name)
