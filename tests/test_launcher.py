@@ -6,6 +6,7 @@ and its helper child's pid into FAKE_ENGINE_PID_DIR), whatever way the run ended
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from specwise.bench.config import EvaluateConfig
 from specwise.bench.evaluate import evaluate
-from specwise.bench.launch import server as launch_server
+from specwise.bench.launch import memory, server as launch_server
 from specwise.bench.launch.config import LaunchConfig
 from specwise.bench.launch.command import build_command, free_port
 from specwise.bench.launch.pool import LaunchSettings
@@ -226,14 +227,47 @@ def test_interrupt_leaves_no_server_and_keeps_results(tmp_path, fake, moment, si
     assert not any(alive(pid) for pid in pids(fake))
 
 
-def test_dry_run_prints_every_command_and_launches_nothing(tmp_path, fake):
+def test_dry_run_prints_every_command_and_launches_nothing(tmp_path, fake, monkeypatch):
+    monkeypatch.delenv(memory.KV_ENV, raising=False)       # the share depends on this machine's memory
     result = subprocess.run(evaluate_command(tmp_path / "results", "--cores", "0/0", "--dry-run"), cwd=ROOT,
                             capture_output=True, text=True, timeout=DEADLINE)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    *lines, note = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["off", "ngram-k4"]
-    assert all(line.split(": ", 1)[1].startswith("VLLM_CPU_OMP_THREADS_BIND=0 taskset -c 0 ") for line in lines)
+    share = re.match(r"# vLLM for CPU side by side: each of the 2 servers gets VLLM_CPU_KVCACHE_SPACE=(\d+) ", note)
+    assert share, note
+    assert all(line.split(": ", 1)[1].startswith(f"VLLM_CPU_KVCACHE_SPACE={share.group(1)} "
+                                                 "VLLM_CPU_OMP_THREADS_BIND=0 taskset -c 0 ") for line in lines)
     assert "--speculative-config" in lines[1] and not pids(fake) and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("user", [{"VLLM_CPU_KVCACHE_SPACE": "7"}, {"engine_args": "--kv-cache-memory-bytes 1000000"},
+                                  {"engine_args": "--gpu-memory-utilization=0.3"},
+                                  {"engine_cmd": "env VLLM_CPU_KVCACHE_SPACE=4 vllm serve"}])
+def test_a_kv_cache_size_the_user_chose_is_kept(user):
+    environ = {key: value for key, value in user.items() if key.isupper()}
+    env, note = memory.kv_cache_share(2, user.get("engine_cmd"), user.get("engine_args"), environ, available=22 << 30)
+    assert env == {} and note is None
+
+
+def test_each_side_by_side_vllm_cpu_arm_gets_a_share_of_the_available_memory():
+    env, note = memory.kv_cache_share(2, "vllm serve", "--enforce-eager", {}, available=int(22.4 * (1 << 30)))
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "5"} and "22.4 GiB available" in note
+    assert memory.kv_cache_share(3, None, None, {}, available=2 << 30)[0] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert memory.kv_cache_share(1, None, None, {}, available=22 << 30) == ({}, None)      # one server alone
+
+
+def test_side_by_side_launches_and_reports_the_kv_cache_share(tmp_path, fake, monkeypatch):
+    monkeypatch.delenv(memory.KV_ENV, raising=False)
+    monkeypatch.setattr(memory, "available_memory", lambda: 8 << 30)
+    outcome = evaluate(run_config(tmp_path, concurrency="1"), argv=[], launch=settings(pairing="side-by-side"))
+    launch = json.loads((outcome.results_dir / "run.json").read_text())["launch"]
+    assert [server["env"] for server in launch["servers"]] == [{"VLLM_CPU_KVCACHE_SPACE": "2"}] * 2
+    assert "VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache" in outcome.report.summary_md.read_text()
+    blocks = evaluate(run_config(tmp_path, concurrency="1", output=str(tmp_path / "blocks")), argv=[],
+                      launch=settings(blocks=2))
+    launch = json.loads((blocks.results_dir / "run.json").read_text())["launch"]
+    assert launch["kv_cache"] is None and not any(server["env"] for server in launch["servers"])
 
 
 def test_an_engine_without_per_request_acceptance_is_relaunched_without_it(tmp_path, fake, monkeypatch):

@@ -9,6 +9,8 @@ Pairing, chosen and stated (run.json "launch", the report):
                 warmed up (the runner's warm-up requests, excluded from figures); a fresh
                 start also starts with empty caches. The schedule's rounds become blocks:
                 A | B B | A A | B ... Restarts are counted.
+vLLM for CPU side by side: each server gets a share of the memory for its KV cache unless the
+user chose one (launch/memory.py; run.json "launch" "kv_cache" and the report say so).
 An engine that refuses per-request acceptance (vLLM before 0.32) is relaunched without it:
 acceptance then comes from its Prometheus counters (in blocks read around each block and summed:
 bench/load/runner.py), and the report says so.
@@ -27,6 +29,7 @@ from typing import AsyncIterator
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.launch.command import (PER_REQUEST_METRICS, ServerCommand, build_command, check_cores, free_port,
                                            split_sets)
+from specwise.bench.launch.memory import kv_cache_share
 from specwise.bench.launch.server import LaunchError, LaunchedServer, engine_version
 from specwise.bench.load.arms import ArmSpec
 from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, TargetError
@@ -71,15 +74,18 @@ class ServerPool:
         cores = split_sets(settings.cores, len(specs), "--cores")
         devices = split_sets(settings.devices, len(specs), "--devices")
         check_cores(cores)
+        env, self.kv_note = {}, None
+        if settings.engine == "vllm" and self.side_by_side and settings.devices is None:
+            env, self.kv_note = kv_cache_share(len(specs), settings.engine_cmd, settings.engine_args)
         self.commands: dict[str, ServerCommand] = {
             spec.name: build_command(settings.engine, settings.engine_cmd, settings.model, spec, free_port(),
-                                     settings.engine_args, core, device, settings.per_request_metrics)
+                                     settings.engine_args, core, device, settings.per_request_metrics, env)
             for spec, core, device in zip(specs, cores, devices)}
         self.servers = {name: LaunchedServer(command, Path(results_dir) / "servers" / f"{name}.log")
                         for name, command in self.commands.items()}
         self.current: str | None = None     # blocks: the arm whose server is up
         self.info = {"engine": settings.engine, "model": settings.model, "pairing": self.pairing,
-                     "restarts": 0, "servers": [
+                     "restarts": 0, "kv_cache": self.kv_note, "servers": [
                          {"arm": name, "command": command.text(), "argv": command.argv, "env": command.env,
                           "url": command.url, "log": str(self.servers[name].log_path), "version": None,
                           "starts": 0, "exits": []}

@@ -252,7 +252,9 @@ def launch_notes(run: dict) -> list[str]:
     if refused:
         notes.append(f"The engine refused per-request acceptance (--per-request-spec-decode-metrics, vLLM 0.32 on) "
                      f"for {', '.join(refused)}: relaunched without it; their acceptance comes from the server's "
-                     "Prometheus counters where the pairing kept them (side by side), else it is unknown.")
+                     "Prometheus counters, per load point.")
+    if launch.get("kv_cache"):
+        notes.append(launch["kv_cache"][0].upper() + launch["kv_cache"][1:] + ".")
     for server in servers:
         for exit_ in server.get("exits", []):
             notes.append(f"The server of {server['arm']} exited mid-run (exit code {exit_['code']}, start "
