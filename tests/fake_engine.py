@@ -19,8 +19,9 @@ Behaviour from the environment:
   FAKE_ENGINE_OLD           1: has no --per-request-spec-decode-metrics (a vLLM before 0.32)
   FAKE_ENGINE_IGNORE_TERM   1: ignores SIGTERM, noting it in <pid>.term (the launcher must SIGKILL it)
   FAKE_ENGINE_STEP_DELAY    seconds per step (default 0.002)
-  FAKE_ENGINE_SLOWDOWN_FILE a file holding a factor; each start reads it, multiplies its step delay by
-                            it and writes factor * FAKE_ENGINE_SLOWDOWN_STEP back (speed drift between restarts)
+  FAKE_ENGINE_DRIFT_FILE    a file counting the starts so far (missing: none): the nth start (from 0) runs its
+                            steps at STEP_DELAY * (1 + FAKE_ENGINE_DRIFT * n), a machine whose speed drifts
+                            linearly from one server start to the next, whichever arm starts
 """
 
 import argparse
@@ -99,14 +100,13 @@ def main() -> None:
 
 
 def slowdown() -> float:
-    path = ENV("FAKE_ENGINE_SLOWDOWN_FILE")
+    path = ENV("FAKE_ENGINE_DRIFT_FILE")
     if not path:
         return 1.0
-    with open(path) as file:
-        factor = float(file.read())
+    starts = int(open(path).read()) if os.path.exists(path) else 0
     with open(path, "w") as file:
-        file.write(str(factor * float(ENV("FAKE_ENGINE_SLOWDOWN_STEP", "1"))))
-    return factor
+        file.write(str(starts + 1))
+    return 1 + float(ENV("FAKE_ENGINE_DRIFT", "0")) * starts
 
 
 def make_handler(model: str, k: int, per_request: bool, delay: float):
