@@ -259,6 +259,21 @@ def test_sglang_arms_launch_with_the_sglang_flags(tmp_path, fake):
     assert servers[1]["argv"][-4:] == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]
     records = [r for r in read_records(outcome.results_dir) if not r.warmup]
     assert records and not any(r.error for r in records)
+    speculative = [r for r in records if r.arm == "ngram-k4"]
+    assert all(r.drafts and r.draft_tokens == 4 * r.drafts for r in speculative)     # SGLang's sglext, per request
+    assert "Acceptance of ngram-k4 is read from each response" in outcome.report.summary_md.read_text()
+
+
+def test_an_sglang_without_per_request_details_falls_back_to_its_prometheus_gauges(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_OLD", "1")
+    outcome = evaluate(run_config(tmp_path, concurrency="1"), argv=[],
+                       launch=settings(engine="sglang", engine_cmd=FAKE.removesuffix(" serve"), pairing="side-by-side"))
+    records = [r for r in read_records(outcome.results_dir) if not r.warmup and r.arm == "ngram-k4"]
+    assert records and all(r.drafts is None for r in records)
+    gauges = [e for e in json.loads((outcome.results_dir / "run.json").read_text())["server_acceptance"]
+              if e["arm"] == "ngram-k4"]
+    assert gauges and gauges[0]["source"] == "sglang" and 0 < gauges[0]["rate"] < 1 and gauges[0]["length"] > 1
+    assert "Acceptance of ngram-k4 comes from the server's Prometheus counters" in outcome.report.summary_md.read_text()
 
 
 def test_a_start_up_error_names_the_engines_root_cause_not_its_last_complaint():

@@ -11,6 +11,9 @@ Pairing, chosen and stated (run.json "launch", the report):
                 A | B B | A A | B ... Restarts are counted.
 vLLM for CPU side by side: each server gets a share of the memory for its KV cache unless the
 user chose one (launch/memory.py; run.json "launch" "kv_cache" and the report say so).
+Per-request acceptance: vLLM arms are launched with --per-request-spec-decode-metrics, SGLang arms'
+requests ask for it (return_spec_tokens_details, SGLang 0.5.23); an SGLang without it returns none
+and acceptance comes from its Prometheus gauges per load point.
 An engine that refuses per-request acceptance (vLLM before 0.32) is relaunched without it:
 acceptance then comes from its Prometheus counters (in blocks read around each block and summed:
 bench/load/runner.py), and the report says so.
@@ -34,6 +37,7 @@ from specwise.bench.launch.server import LaunchError, LaunchedServer, engine_ver
 from specwise.bench.load.arms import ArmSpec
 from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, TargetError
 from specwise.bench.load.targets.http import HttpTarget
+from specwise.bench.load.targets.per_request import SGLANG_REQUEST
 from specwise.errors import SpecwiseError
 
 PAIRINGS = ("auto", "side-by-side", "blocks")
@@ -160,8 +164,12 @@ class ServerPool:
 
     def targets(self, **http) -> list["LaunchedTarget"]:
         return [LaunchedTarget(spec, self, HttpTarget(name=spec.name, base_url=self.commands[spec.name].url,
-                                                      method=spec.method, **http))
+                                                      method=spec.method, extra_body=self._ask(spec), **http))
                 for spec in self.specs]
+
+    def _ask(self, spec: ArmSpec) -> dict:
+        """Request fields that ask a speculating arm's engine for each request's acceptance (SGLang's)."""
+        return dict(SGLANG_REQUEST) if self.settings.engine == "sglang" and spec.method != "off" else {}
 
 
 class LaunchedTarget:
