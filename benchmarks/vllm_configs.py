@@ -36,7 +36,7 @@ from specwise.bench.launch.command import build_command, free_port
 from specwise.bench.launch.memory import KV_ENV
 from specwise.bench.launch.server import LaunchError, LaunchedServer
 from specwise.bench.load.arms import parse_engine_methods
-from specwise.bench.load.targets.base import Acceptance
+from specwise.bench.load.targets.base import Acceptance, TargetError
 from specwise.bench.load.targets.http import HttpTarget
 from specwise.bench.report.server_configs import vllm_config
 
@@ -99,6 +99,8 @@ async def launch(model: str, vllm_python: str, method: str, config: dict, logs: 
         await target.close()
     except LaunchError as error:
         return f"REFUSED: {error}"
+    except TargetError as error:
+        return f"FAILED while serving: {error} (log: {server.log_path}: {' | '.join(server.log_tail())})"
     finally:
         server.stop()
     server_counts = [after.drafts - (before.drafts if before else 0), after.draft_tokens -
