@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+from launch_fixtures import fake  # noqa: F401  (the fake engine's fixture, for the launcher's tests)
 from tiny_models import tiny_checkpoint
 
 # Tiny models gain nothing from intra-op threads, and OpenMP spin-waiting makes them

@@ -8,7 +8,10 @@ Serves GET /health, /v1/models, /version, /metrics (vLLM's spec-decode counters)
 POST /v1/completions and /v1/chat/completions: one chunk per step, STEP_DELAY seconds a step;
 a speculating server emits 1 + accepted tokens a step, accepted = step % (k + 1), and with
 --per-request-spec-decode-metrics puts vLLM 0.32's `metrics.speculative_decoding` on the usage
-chunk. Unknown flags are rejected like argparse does (exit 2, "error: unrecognized arguments").
+chunk. Started as SGLang (--model-path), it answers a request that asks with
+"return_spec_tokens_details" with SGLang 0.5.23's `sglext.spec_tokens_details` chunk and publishes
+SGLang's gauges (sglang:spec_accept_rate, sglang:spec_accept_length) instead of vLLM's counters.
+Unknown flags are rejected like argparse does (exit 2, "error: unrecognized arguments").
 Behaviour from the environment:
   FAKE_ENGINE_START_DELAY   seconds before it listens (default 0.2)
   FAKE_ENGINE_HANG          1: never listens (prints "loading weights" and sleeps)
@@ -16,11 +19,13 @@ Behaviour from the environment:
   FAKE_ENGINE_CRASH_SPEC    1: only a speculating server crashes
   FAKE_ENGINE_PID_DIR       writes <pid>.pid there for itself and its helper child
   FAKE_ENGINE_CHILD         1: forks a helper process that lives as long as it (vLLM's engine core)
-  FAKE_ENGINE_OLD           1: has no --per-request-spec-decode-metrics (a vLLM before 0.32)
+  FAKE_ENGINE_OLD           1: has no --per-request-spec-decode-metrics (a vLLM before 0.32) and, as
+                            SGLang, no per-request details (an SGLang before them)
   FAKE_ENGINE_IGNORE_TERM   1: ignores SIGTERM, noting it in <pid>.term (the launcher must SIGKILL it)
   FAKE_ENGINE_STEP_DELAY    seconds per step (default 0.002)
-  FAKE_ENGINE_SLOWDOWN_FILE a file holding a factor; each start reads it, multiplies its step delay by
-                            it and writes factor * FAKE_ENGINE_SLOWDOWN_STEP back (speed drift between restarts)
+  FAKE_ENGINE_DRIFT_FILE    a file counting the starts so far (missing: none): the nth start (from 0) runs its
+                            steps at STEP_DELAY * (1 + FAKE_ENGINE_DRIFT * n), a machine whose speed drifts
+                            linearly from one server start to the next, whichever arm starts
   FAKE_ENGINE_STEP_COST     "FIXED,PER_TOKEN,PER_KV[,PER_ROW]" seconds: a batching engine instead (Stepper below),
                             whose step time is that known function of the step's rows, KV tokens and sampled rows
 Prompts count 1 token per 4 characters; `stream_options.continuous_usage_stats` puts the running usage on
@@ -96,7 +101,7 @@ def main() -> None:
     delay = float(ENV("FAKE_ENGINE_STEP_DELAY", "0.002")) * slowdown()
     model = args.model or args.model_path or next((w for w in args.words if w != "serve"), "fake")
     handler = make_handler(model, draft_k(args), getattr(args, "per_request_spec_decode_metrics", None) == "summary",
-                           delay)
+                           delay, sglang=args.model_path is not None)
     ThreadingHTTPServer.request_queue_size = 128     # a wave of requests connects at once (the default backlog is 5)
     server = ThreadingHTTPServer((args.host, args.port), handler)
     server.daemon_threads = True
@@ -105,14 +110,13 @@ def main() -> None:
 
 
 def slowdown() -> float:
-    path = ENV("FAKE_ENGINE_SLOWDOWN_FILE")
+    path = ENV("FAKE_ENGINE_DRIFT_FILE")
     if not path:
         return 1.0
-    with open(path) as file:
-        factor = float(file.read())
+    starts = int(open(path).read()) if os.path.exists(path) else 0
     with open(path, "w") as file:
-        file.write(str(factor * float(ENV("FAKE_ENGINE_SLOWDOWN_STEP", "1"))))
-    return factor
+        file.write(str(starts + 1))
+    return 1 + float(ENV("FAKE_ENGINE_DRIFT", "0")) * starts
 
 
 class Stepper:
@@ -171,7 +175,7 @@ def prompt_tokens(body: dict) -> int:
     return max(1, len(text) // 4)
 
 
-def make_handler(model: str, k: int, per_request: bool, delay: float):
+def make_handler(model: str, k: int, per_request: bool, delay: float, sglang: bool = False):
     cost = ENV("FAKE_ENGINE_STEP_COST")
     stepper = Stepper([float(value) for value in cost.split(",")], k) if cost else None
     crash_after = int(ENV("FAKE_ENGINE_CRASH_AFTER", "0"))
@@ -197,7 +201,7 @@ def make_handler(model: str, k: int, per_request: bool, delay: float):
             elif self.path == "/version":
                 self._json({"version": "0.0.1-fake"})
             elif self.path == "/metrics":
-                self._json(metrics_text(), content="text/plain")
+                self._json(sglang_metrics_text() if sglang else metrics_text(), content="text/plain")
             else:
                 self._json({"detail": "Not Found"}, status=404)
 
@@ -249,6 +253,11 @@ def make_handler(model: str, k: int, per_request: bool, delay: float):
                     "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
                     "acceptance_histogram": histogram, "num_spec_steps": steps,
                     "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted, "num_spec_tokens": k}}
+            if k and sglang and body.get("return_spec_tokens_details") and ENV("FAKE_ENGINE_OLD") != "1":
+                self._event({"choices": [], "sglext": {"spec_tokens_details": {
+                    "spec_verify_ct": sum(histogram), "spec_num_proposed_drafts": drafted,
+                    "spec_num_correct_drafts": sum(j * n for j, n in enumerate(histogram)),
+                    "spec_accept_length": made / sum(histogram), "spec_correct_drafts_histogram": histogram}}})
             self._event(usage)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -277,6 +286,15 @@ def metrics_text() -> str:
     lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {n}'
               for i, n in enumerate(COUNTERS["per_pos"])]
     return "\n".join(lines) + "\n"
+
+
+def sglang_metrics_text() -> str:
+    """SGLang's gauges, over every request so far (SGLang's own are windowed averages)."""
+    drafts, drafted, accepted = COUNTERS["drafts"], COUNTERS["draft_tokens"], COUNTERS["accepted"]
+    if not drafts:
+        return "sglang:num_running_reqs 0\n"
+    return (f"sglang:spec_accept_rate {accepted / drafted}\n"
+            f"sglang:spec_accept_length {1 + accepted / drafts}\n")
 
 
 if __name__ == "__main__":

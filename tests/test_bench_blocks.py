@@ -1,57 +1,54 @@
-"""Blocks (launched servers one at a time, restarted at each change of arm): a server's speed that
-drifts from one start to the next cancels over A | B B | A blocks, and the block bootstrap's
-interval holds the truth; two sequential unpaired runs read the drift as a difference.
-Constructed records with a known truth, no timing."""
+"""Blocks (launched servers one at a time, restarted at each change of arm), against a fake engine whose
+speed drifts from one server start to the next: over A | B B | A blocks the drift cancels and the block
+bootstrap's interval holds the true ratio; the same arms run sequentially and unpaired (off fully, then
+n-gram fully, as a user with one machine does today) read the drift as a difference.
 
-import numpy as np
+The truth is the fake engine's own: at 30 tokens a request its n-gram arm (k = 4) emits 1, 2, 3, 4, 5
+tokens in successive steps, 30 tokens in 10 steps against 30 plain steps. The compared figure is TPOT
+(after the first chunk: 29 plain steps against 9), so a request's own overhead, which does not drift and
+lands in its time to first token, stays out of it: at one speed the TPOT speedup is 29 / 9.
+No assertion about speed: the drift is a factor on the fake's own step delay.
+"""
 
-from specwise.bench.results import RequestRecord
+from specwise.bench.evaluate import evaluate
+from specwise.bench.results import read_records
 from specwise.bench.stats.bootstrap import resample_blocks
 from specwise.bench.stats.paired import compare, pair
 
-TRUTH = 1.5             # the arm's true e2e speedup over the baseline
-DRIFT = 0.25            # each server start is 25% slower than the one before (linear drift)
-BLOCKS, PER_BLOCK = 8, 6
+from launch_fixtures import run_config, settings
+
+TRUTH = 29 / 9          # steps after the first chunk: 29 plain, 9 n-gram
+DRIFT = 0.5             # the nth server start runs its steps at 1 + 0.5 n times the first's step delay
+BLOCKS = 4
 
 
-def record(arm: str, request: int, e2e: float, block: int) -> RequestRecord:
-    return RequestRecord(arm=arm, method="off" if arm == "off" else "ngram", load_kind="concurrency", load_value=1,
-                         category="chat", request_id=f"r{request}", prompt_tokens=10, output_tokens=32,
-                         send_time=0.0, ttft=0.05, e2e=e2e, round=block)
+def measured(outcome, arm: str) -> list:
+    return [r for r in read_records(outcome.results_dir) if not r.warmup and r.arm == arm]
 
 
-def run(schedule: str, seed: int = 0):
-    """(arm records, baseline records): every request's own length, server start drift, 3% noise."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.uniform(0.5, 2.0, BLOCKS * PER_BLOCK)
-    starts = {"off": 0, "ngram": 0}
-    arm, base, start, running = [], [], -1, None
-    for block in range(BLOCKS if schedule == "blocks" else 1):
-        order = ["off", "ngram"] if block % 2 == 0 else ["ngram", "off"]
-        size = PER_BLOCK if schedule == "blocks" else BLOCKS * PER_BLOCK
-        for name in order:
-            if running != name:                 # a restart at each change of arm
-                start, running = start + 1, name
-            starts[name] = start
-            for index in range(block * size, (block + 1) * size):
-                speed = (1 + DRIFT * start) * rng.lognormal(0, 0.03)
-                e2e = lengths[index] * speed / (TRUTH if name == "ngram" else 1)
-                (arm if name == "ngram" else base).append(record(name, index, e2e, block))
-    return arm, base
+def test_blocks_interval_holds_the_truth_where_sequential_unpaired_runs_do_not(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_DRIFT", str(DRIFT))
+    monkeypatch.setenv("FAKE_ENGINE_STEP_DELAY", "0.005")
+    run = dict(concurrency="1", num_requests=8, max_tokens=30)
 
+    monkeypatch.setenv("FAKE_ENGINE_DRIFT_FILE", str(tmp_path / "blocks-starts"))
+    blocks = evaluate(run_config(tmp_path, output=str(tmp_path / "blocks"), **run), argv=[],
+                      launch=settings(blocks=BLOCKS))
+    paired = compare(pair(measured(blocks, "ngram-k4"), measured(blocks, "off")), ["tpot_mean"], blocks=True)
+    interval = paired.intervals["tpot_mean"]
+    assert (tmp_path / "blocks-starts").read_text() == "6"     # 2 warm-up starts, then one per change of arm
+    assert interval.n == BLOCKS and interval.low <= TRUTH <= interval.high, interval
 
-def test_blocks_interval_holds_the_truth_despite_drift():
-    arm, base = run("blocks")
-    interval = compare(pair(arm, base), ["e2e_mean"], blocks=True).intervals["e2e_mean"]
-    assert interval.n == BLOCKS
-    assert interval.low <= TRUTH <= interval.high
-
-
-def test_sequential_unpaired_runs_read_the_drift_as_a_difference():
-    arm, base = run("sequential")
-    interval = compare(pair(arm, base), ["e2e_mean"]).intervals["e2e_mean"]
-    assert interval.high < TRUTH            # one restart of drift: 1.5 / 1.25 = 1.2
-    assert abs(interval.estimate - TRUTH / (1 + DRIFT)) < 0.05
+    monkeypatch.setenv("FAKE_ENGINE_DRIFT_FILE", str(tmp_path / "sequential-starts"))
+    off = evaluate(run_config(tmp_path, methods="off", output=str(tmp_path / "off"), **run), argv=[],
+                   launch=settings())
+    ngram = evaluate(run_config(tmp_path, methods="ngram@4", output=str(tmp_path / "ngram"), **run), argv=[],
+                     launch=settings())
+    unpaired = compare(pair(measured(ngram, "ngram-k4"), measured(off, "off")), ["tpot_mean"])
+    interval = unpaired.intervals["tpot_mean"]
+    # n-gram ran one start of drift later: 3.2 / 1.5 = 2.1 on the drifted step delay (more with the fake's
+    # per-step overhead, which does not drift), well below the truth
+    assert interval.n == 8 and interval.high < TRUTH, interval
 
 
 def test_block_resamples_draw_whole_blocks():

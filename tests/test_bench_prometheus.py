@@ -5,7 +5,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
 from specwise.bench.load.targets.base import ServerAcceptance
-from specwise.bench.load.targets.prometheus import acceptance_from_samples, difference, parse_exposition
+from specwise.bench.load.targets.prometheus import acceptance_from_samples, add, difference, parse_exposition
 
 VLLM = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -72,6 +72,17 @@ def test_difference_of_two_scrapes():
     assert counted.accepted_per_position == [20, 12]
     assert difference(before, None) is None
     assert difference(None, after) is after
+
+
+def test_block_differences_add_up_and_gauges_keep_the_later_reading():
+    first = ServerAcceptance("vllm", drafts=30, draft_tokens=120, accepted_tokens=60, accepted_per_position=[20, 12])
+    second = ServerAcceptance("vllm", drafts=5, draft_tokens=20, accepted_tokens=9, accepted_per_position=[4])
+    both = add(first, second)
+    assert (both.drafts, both.draft_tokens, both.accepted_tokens) == (35, 140, 69)
+    assert both.accepted_per_position == [24, 12]
+    assert add(None, second) is second and add(first, None) is first
+    gauge = ServerAcceptance("sglang", rate=0.5, length=2.0)
+    assert add(ServerAcceptance("sglang", rate=0.1, length=1.2), gauge) is gauge
 
 
 def test_no_speculative_metrics_means_unknown():

@@ -6,77 +6,25 @@ and its helper child's pid into FAKE_ENGINE_PID_DIR), whatever way the run ended
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from specwise.bench.config import EvaluateConfig
 from specwise.bench.evaluate import evaluate
-from specwise.bench.launch import server as launch_server
+from specwise.bench.launch import memory, server as launch_server
 from specwise.bench.launch.config import LaunchConfig
 from specwise.bench.launch.command import build_command, free_port
-from specwise.bench.launch.pool import LaunchSettings
 from specwise.bench.launch.server import LaunchError, LaunchedServer, stop_all
 from specwise.bench.load.arms import parse_engine_methods
 from specwise.bench.results import read_records
 from specwise.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-FAKE = f"{sys.executable} {ROOT / 'tests' / 'fake_engine.py'} serve"
-DEADLINE = 60.0     # seconds: generous bounds for polls, never an assertion about speed
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def pids(pid_dir: Path) -> list[int]:
-    return [int(path.stem) for path in pid_dir.glob("*.pid")]
-
-
-def wait_for(condition, what: str):
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {DEADLINE:g} s")
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    """The fake engine's environment; after the test, none of its processes may be alive."""
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
-    monkeypatch.setenv("FAKE_ENGINE_PID_DIR", str(pid_dir))
-    monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
-    monkeypatch.setenv("FAKE_ENGINE_START_DELAY", "0.3")
-    yield pid_dir
-    left = [pid for pid in pids(pid_dir) if alive(pid)]
-    for pid in left:                    # never leave them, even when the test failed
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left running: {left}"
-
-
-def run_config(tmp_path, **overrides) -> EvaluateConfig:
-    values = dict(methods="off,ngram@4", concurrency="1,2", num_requests=4, max_tokens=8, per_category=1,
-                  warmup=1, progress=False, settle=0.0, output=str(tmp_path / "results"))
-    values.update(overrides)
-    return EvaluateConfig(**values)
-
-
-def settings(**overrides) -> LaunchSettings:
-    values = dict(engine="vllm", model="/models/hf", engine_cmd=FAKE, start_timeout=DEADLINE)
-    values.update(overrides)
-    return LaunchSettings(**values)
+from launch_fixtures import DEADLINE, FAKE, ROOT, alive, pids, run_config, settings, wait_for
 
 
 def test_side_by_side_measures_both_arms_and_reads_acceptance_per_request(tmp_path, fake):
@@ -112,6 +60,22 @@ def test_blocks_restart_at_each_change_of_arm_and_warm_up_after_each_start(tmp_p
     assert "2 restart(s)" in summary and "Acceptance of ngram-k4 is read from each response" in summary
 
 
+def test_blocks_compare_each_responses_acceptance_with_prometheus_read_around_every_block(tmp_path, fake):
+    """A restart zeroes the server's counters: each block's difference (warm-up excluded) is summed."""
+    outcome = evaluate(run_config(tmp_path, concurrency="1,2", num_requests=8), argv=[], launch=settings(blocks=4))
+    run = json.loads((outcome.results_dir / "run.json").read_text())
+    records = [r for r in read_records(outcome.results_dir) if not r.warmup and r.arm == "ngram-k4"]
+    entries = [entry for entry in run["server_acceptance"] if entry["arm"] == "ngram-k4"]
+    assert [entry["load_value"] for entry in entries] == [1, 2] and all(entry["blocks"] == 4 for entry in entries)
+    for entry in entries:
+        mine = [r for r in records if r.load_value == entry["load_value"]]
+        assert (entry["drafts"], entry["draft_tokens"], entry["accepted_tokens"]) == (
+            sum(r.drafts for r in mine), sum(r.draft_tokens for r in mine), sum(r.accepted_tokens for r in mine))
+        assert entry["drafts"] > 0 and entry["requests_agree"] is True
+    assert run["launch"]["restarts"] > 4            # the counters were read across several lives of the server
+    assert "(read around each block and summed: a restart zeroes them) agree" in outcome.report.summary_md.read_text()
+
+
 def test_start_timeout_is_one_line_with_the_log_tail(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_HANG", "1")
     with pytest.raises(LaunchError) as error:
@@ -143,8 +107,11 @@ def test_server_exiting_mid_run_ends_its_requests_as_errors_and_the_run_goes_on(
     assert failed and all(r.arm == "ngram-k4" for r in failed)
     assert "the server of arm ngram-k4 exited (code 3)" in failed[0].error
     assert not any(r.error for r in records if r.arm == "off") and len(records) == 8
-    exits = json.loads((outcome.results_dir / "run.json").read_text())["launch"]["servers"][1]["exits"]
-    assert exits[0]["code"] == 3
+    run = json.loads((outcome.results_dir / "run.json").read_text())
+    assert run["launch"]["servers"][1]["exits"][0]["code"] == 3
+    if pairing == "blocks":     # the crashed block's counters are gone: that point is not compared
+        entry = next(e for e in run["server_acceptance"] if e["arm"] == "ngram-k4")
+        assert entry["blocks_unread"] >= 1 and "requests_agree" not in entry
     assert "The server of ngram-k4 exited mid-run (exit code 3" in outcome.report.summary_md.read_text()
 
 
@@ -210,14 +177,47 @@ def test_interrupt_leaves_no_server_and_keeps_results(tmp_path, fake, moment, si
     assert not any(alive(pid) for pid in pids(fake))
 
 
-def test_dry_run_prints_every_command_and_launches_nothing(tmp_path, fake):
+def test_dry_run_prints_every_command_and_launches_nothing(tmp_path, fake, monkeypatch):
+    monkeypatch.delenv(memory.KV_ENV, raising=False)       # the share depends on this machine's memory
     result = subprocess.run(evaluate_command(tmp_path / "results", "--cores", "0/0", "--dry-run"), cwd=ROOT,
                             capture_output=True, text=True, timeout=DEADLINE)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    *lines, note = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["off", "ngram-k4"]
-    assert all(line.split(": ", 1)[1].startswith("VLLM_CPU_OMP_THREADS_BIND=0 taskset -c 0 ") for line in lines)
+    share = re.match(r"# vLLM for CPU side by side: each of the 2 servers gets VLLM_CPU_KVCACHE_SPACE=(\d+) ", note)
+    assert share, note
+    assert all(line.split(": ", 1)[1].startswith(f"VLLM_CPU_KVCACHE_SPACE={share.group(1)} "
+                                                 "VLLM_CPU_OMP_THREADS_BIND=0 taskset -c 0 ") for line in lines)
     assert "--speculative-config" in lines[1] and not pids(fake) and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("user", [{"VLLM_CPU_KVCACHE_SPACE": "7"}, {"engine_args": "--kv-cache-memory-bytes 1000000"},
+                                  {"engine_args": "--gpu-memory-utilization=0.3"},
+                                  {"engine_cmd": "env VLLM_CPU_KVCACHE_SPACE=4 vllm serve"}])
+def test_a_kv_cache_size_the_user_chose_is_kept(user):
+    environ = {key: value for key, value in user.items() if key.isupper()}
+    env, note = memory.kv_cache_share(2, user.get("engine_cmd"), user.get("engine_args"), environ, available=22 << 30)
+    assert env == {} and note is None
+
+
+def test_each_side_by_side_vllm_cpu_arm_gets_a_share_of_the_available_memory():
+    env, note = memory.kv_cache_share(2, "vllm serve", "--enforce-eager", {}, available=int(22.4 * (1 << 30)))
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "5"} and "22.4 GiB available" in note
+    assert memory.kv_cache_share(3, None, None, {}, available=2 << 30)[0] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert memory.kv_cache_share(1, None, None, {}, available=22 << 30) == ({}, None)      # one server alone
+
+
+def test_side_by_side_launches_and_reports_the_kv_cache_share(tmp_path, fake, monkeypatch):
+    monkeypatch.delenv(memory.KV_ENV, raising=False)
+    monkeypatch.setattr(memory, "available_memory", lambda: 8 << 30)
+    outcome = evaluate(run_config(tmp_path, concurrency="1"), argv=[], launch=settings(pairing="side-by-side"))
+    launch = json.loads((outcome.results_dir / "run.json").read_text())["launch"]
+    assert [server["env"] for server in launch["servers"]] == [{"VLLM_CPU_KVCACHE_SPACE": "2"}] * 2
+    assert "VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache" in outcome.report.summary_md.read_text()
+    blocks = evaluate(run_config(tmp_path, concurrency="1", output=str(tmp_path / "blocks")), argv=[],
+                      launch=settings(blocks=2))
+    launch = json.loads((blocks.results_dir / "run.json").read_text())["launch"]
+    assert launch["kv_cache"] is None and not any(server["env"] for server in launch["servers"])
 
 
 def test_an_engine_without_per_request_acceptance_is_relaunched_without_it(tmp_path, fake, monkeypatch):
@@ -262,6 +262,21 @@ def test_sglang_arms_launch_with_the_sglang_flags(tmp_path, fake):
     assert servers[1]["argv"][-4:] == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]
     records = [r for r in read_records(outcome.results_dir) if not r.warmup]
     assert records and not any(r.error for r in records)
+    speculative = [r for r in records if r.arm == "ngram-k4"]
+    assert all(r.drafts and r.draft_tokens == 4 * r.drafts for r in speculative)     # SGLang's sglext, per request
+    assert "Acceptance of ngram-k4 is read from each response" in outcome.report.summary_md.read_text()
+
+
+def test_an_sglang_without_per_request_details_falls_back_to_its_prometheus_gauges(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_OLD", "1")
+    outcome = evaluate(run_config(tmp_path, concurrency="1"), argv=[],
+                       launch=settings(engine="sglang", engine_cmd=FAKE.removesuffix(" serve"), pairing="side-by-side"))
+    records = [r for r in read_records(outcome.results_dir) if not r.warmup and r.arm == "ngram-k4"]
+    assert records and all(r.drafts is None for r in records)
+    gauges = [e for e in json.loads((outcome.results_dir / "run.json").read_text())["server_acceptance"]
+              if e["arm"] == "ngram-k4"]
+    assert gauges and gauges[0]["source"] == "sglang" and 0 < gauges[0]["rate"] < 1 and gauges[0]["length"] > 1
+    assert "Acceptance of ngram-k4 comes from the server's Prometheus counters" in outcome.report.summary_md.read_text()
 
 
 def test_a_start_up_error_names_the_engines_root_cause_not_its_last_complaint():

@@ -7,7 +7,7 @@ from test_server_harness import MODEL, TINY_ENGINE, engine_idle, metric, serve, 
 from tiny_models import tiny_checkpoint
 
 from specwise.bench.load.targets.base import Acceptance
-from specwise.bench.load.targets.http import vllm_acceptance
+from specwise.bench.load.targets.per_request import vllm_acceptance
 from specwise.engine.llm import LLM
 from specwise.sampling_params import SamplingParams
 

@@ -76,8 +76,9 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
     if launch is not None:
         pool = ServerPool(launch, [spec for spec in specs if spec.engine], results_dir)
         if launch.dry_run:
+            notes = [f"# {pool.kv_note}"] if pool.kv_note else []
             return Outcome(results_dir, None, commands=[f"{name}: {command.text()}"
-                                                        for name, command in pool.commands.items()])
+                                                        for name, command in pool.commands.items()] + notes)
     blocks = launch.blocks if pool is not None and pool.pairing == "blocks" else None
     settle = 0.0 if config.settle is None and launch and (launch.cores or launch.devices) else config.settle
     schedule = choose_schedule(config.schedule, specs, config.round_size, settle, blocks)

@@ -53,7 +53,8 @@ def engine_words(engine: str, engine_cmd: str | None) -> list[str]:
 
 def build_command(engine: str, engine_cmd: str | None, model: str, arm: ArmSpec, port: int,
                   engine_args: str | None = None, cores: str | None = None, devices: str | None = None,
-                  per_request_metrics: bool = True) -> ServerCommand:
+                  per_request_metrics: bool = True, env: dict[str, str] | None = None) -> ServerCommand:
+    """`env`: more environment for the server (vLLM-CPU's KV cache share: launch/memory.py)."""
     words = engine_words(engine, engine_cmd)
     if engine == "vllm":
         model_words = [model] if words[-1] == "serve" else ["--model", model]
@@ -65,7 +66,7 @@ def build_command(engine: str, engine_cmd: str | None, model: str, arm: ArmSpec,
     if spec and engine == "vllm" and per_request_metrics:
         argv += PER_REQUEST_METRICS
     argv += shlex.split(engine_args or "")
-    env = {}
+    env = dict(env or {})
     if cores is not None:
         argv = ["taskset", "-c", cores] + argv
         if engine == "vllm":            # vLLM for CPU binds its OpenMP threads itself: to these cores

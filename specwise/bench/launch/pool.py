@@ -9,8 +9,14 @@ Pairing, chosen and stated (run.json "launch", the report):
                 warmed up (the runner's warm-up requests, excluded from figures); a fresh
                 start also starts with empty caches. The schedule's rounds become blocks:
                 A | B B | A A | B ... Restarts are counted.
+vLLM for CPU side by side: each server gets a share of the memory for its KV cache unless the
+user chose one (launch/memory.py; run.json "launch" "kv_cache" and the report say so).
+Per-request acceptance: vLLM arms are launched with --per-request-spec-decode-metrics, SGLang arms'
+requests ask for it (return_spec_tokens_details, SGLang 0.5.23); an SGLang without it returns none
+and acceptance comes from its Prometheus gauges per load point.
 An engine that refuses per-request acceptance (vLLM before 0.32) is relaunched without it:
-acceptance then comes from its Prometheus counters (side by side only), and the report says so.
+acceptance then comes from its Prometheus counters (in blocks read around each block and summed:
+bench/load/runner.py), and the report says so.
 A server that exits mid-run ends its requests as errors ("server of arm X exited (code N)")
 and the run goes on (--on-server-exit continue; in blocks the next block restarts it) or
 stops with what finished kept (--on-server-exit stop).
@@ -26,10 +32,12 @@ from typing import AsyncIterator
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.launch.command import (PER_REQUEST_METRICS, ServerCommand, build_command, check_cores, free_port,
                                            split_sets)
+from specwise.bench.launch.memory import kv_cache_share
 from specwise.bench.launch.server import LaunchError, LaunchedServer, engine_version
 from specwise.bench.load.arms import ArmSpec
 from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, TargetError
 from specwise.bench.load.targets.http import HttpTarget
+from specwise.bench.load.targets.per_request import SGLANG_REQUEST
 from specwise.errors import SpecwiseError
 
 PAIRINGS = ("auto", "side-by-side", "blocks")
@@ -70,15 +78,18 @@ class ServerPool:
         cores = split_sets(settings.cores, len(specs), "--cores")
         devices = split_sets(settings.devices, len(specs), "--devices")
         check_cores(cores)
+        env, self.kv_note = {}, None
+        if settings.engine == "vllm" and self.side_by_side and settings.devices is None:
+            env, self.kv_note = kv_cache_share(len(specs), settings.engine_cmd, settings.engine_args)
         self.commands: dict[str, ServerCommand] = {
             spec.name: build_command(settings.engine, settings.engine_cmd, settings.model, spec, free_port(),
-                                     settings.engine_args, core, device, settings.per_request_metrics)
+                                     settings.engine_args, core, device, settings.per_request_metrics, env)
             for spec, core, device in zip(specs, cores, devices)}
         self.servers = {name: LaunchedServer(command, Path(results_dir) / "servers" / f"{name}.log")
                         for name, command in self.commands.items()}
         self.current: str | None = None     # blocks: the arm whose server is up
         self.info = {"engine": settings.engine, "model": settings.model, "pairing": self.pairing,
-                     "restarts": 0, "servers": [
+                     "restarts": 0, "kv_cache": self.kv_note, "servers": [
                          {"arm": name, "command": command.text(), "argv": command.argv, "env": command.env,
                           "url": command.url, "log": str(self.servers[name].log_path), "version": None,
                           "starts": 0, "exits": []}
@@ -153,8 +164,12 @@ class ServerPool:
 
     def targets(self, **http) -> list["LaunchedTarget"]:
         return [LaunchedTarget(spec, self, HttpTarget(name=spec.name, base_url=self.commands[spec.name].url,
-                                                      method=spec.method, **http))
+                                                      method=spec.method, extra_body=self._ask(spec), **http))
                 for spec in self.specs]
+
+    def _ask(self, spec: ArmSpec) -> dict:
+        """Request fields that ask a speculating arm's engine for each request's acceptance (SGLang's)."""
+        return dict(SGLANG_REQUEST) if self.settings.engine == "sglang" and spec.method != "off" else {}
 
 
 class LaunchedTarget:
@@ -190,8 +205,8 @@ class LaunchedTarget:
         self.pool.stop(self.name)
 
     async def server_acceptance(self) -> ServerAcceptance | None:
-        # blocks: a restart zeroes the server's counters, so a point's difference means nothing
-        return await self.http.server_acceptance() if self.pool.side_by_side else None
+        # blocks: the runner reads them around each block (a restart zeroes them)
+        return await self.http.server_acceptance()
 
     async def stream(self, request: WorkloadRequest) -> AsyncIterator[StreamEvent]:
         exited = self.pool.note_exit(self.name)

@@ -19,7 +19,10 @@ With a schedule's settle S, an arm that serves right after another first waits S
 server sharing the machine can keep a core busy after its last request; the pause is not
 counted in any arm's time). Server-side speculative counters are read around each point
 (run.json "server_acceptance"; "requests_agree": whether the responses' own per-request counters
-sum to the same drafts, draft tokens and accepted tokens).
+sum to the same drafts, draft tokens and accepted tokens). In blocks a restart zeroes them, so
+they are read around each block instead (after its warm-up, before its server stops) and the
+blocks' differences summed per point ("blocks": how many; "blocks_unread": blocks whose
+server could not be read, when any, and then no comparison is made).
 """
 
 import asyncio
@@ -38,7 +41,7 @@ from specwise.bench.load.sessions import Sessions
 from specwise.bench.results import RecordWriter, RequestRecord, write_run_info
 from specwise.bench.load.slo import SLO
 from specwise.bench.load.targets.base import Target
-from specwise.bench.load.targets.prometheus import difference
+from specwise.bench.load.targets.prometheus import add, difference
 
 MAX_REQUESTS = 100_000          # --precision without --num-requests: the time cap decides
 PrecisionGoal = Callable[[dict[str, list[RequestRecord]]], bool]    # records by arm -> enough?
@@ -109,18 +112,33 @@ class Runner:
         extend = self.precision is not None and point.kind != "trace"
         cap = (self.plan.num_requests or MAX_REQUESTS) if extend else len(planned)
         size = self.schedule.size(point, len(planned))
-        state = {t.name: {"used": 0.0, "finished": [], "cut_off": 0} for t in self.targets}
-        before = {t.name: await t.server_acceptance() for t in self.targets}
+        blocks = self.schedule.kind == "blocks"
+        state = {t.name: {"used": 0.0, "finished": [], "cut_off": 0, "counters": None, "blocks": 0, "unread": 0}
+                 for t in self.targets}
+        before = {t.name: None if blocks else await t.server_acceptance() for t in self.targets}
         for index, (start, end) in enumerate(rounds(cap, size)):
             requests, offsets = self._round(point, start, end)
             for target in self.schedule.arm_order(index, self.targets):
                 if await target.activate():         # a launched server (re)started: warm it up again
                     await self._warm_up(target)
+                block_start = await target.server_acceptance() if blocks else None
                 await self._run_round(target, point, index, requests, offsets, state[target.name])
+                if blocks:
+                    self._count_block(state[target.name], block_start, await target.server_acceptance())
             if self._point_done(state, end, len(planned)):
                 break
         for target in self.targets:
             await self._finish_point(target, point, state[target.name], before[target.name])
+
+    @staticmethod
+    def _count_block(arm: dict, start, end) -> None:
+        """Blocks: add one block's counter difference to the point's (a server that cannot be read
+        at either end leaves the block unread)."""
+        if start is None or end is None:
+            arm["unread"] += 1
+            return
+        arm["counters"] = add(arm["counters"], difference(start, end))
+        arm["blocks"] += 1
 
     def _point_done(self, state: dict, sent: int, planned: int) -> bool:
         duration = self.plan.duration
@@ -176,10 +194,15 @@ class Runner:
         if arm["cut_off"]:
             self._note(target, point, "cut_off", {"requests": arm["cut_off"]})
         metrics = point_metrics(arm["finished"], self.slo)
-        counters = difference(before, await target.server_acceptance())
+        blocks = self.schedule.kind == "blocks"
+        counters = arm["counters"] if blocks else difference(before, await target.server_acceptance())
         if counters is not None:
             values = dataclasses.asdict(counters)
-            if metrics.acceptance is not None and counters.drafts is not None:
+            if blocks:
+                values["blocks"] = arm["blocks"]
+                if arm["unread"]:
+                    values["blocks_unread"] = arm["unread"]
+            if metrics.acceptance is not None and counters.drafts is not None and not arm["unread"]:
                 # per-request counters (the responses) against the server's own over the same point
                 mine = metrics.acceptance
                 values["requests_agree"] = (mine.drafts, mine.draft_tokens, mine.accepted_tokens) == (

@@ -208,12 +208,9 @@ def _notes(run: dict, records: list[RequestRecord]) -> list[str]:
         notes.append(f"Acceptance of {', '.join(sorted(counted - per_request))} comes from the server's Prometheus "
                      "counters, per load point; per-category acceptance is unknown for them.")
     if counted & per_request:
-        agree = [entry.get("requests_agree") for entry in run["server_acceptance"]
-                 if entry["arm"] in per_request and entry.get("drafts")]
+        entries = [entry for entry in run["server_acceptance"] if entry["arm"] in per_request and entry.get("drafts")]
         notes.append(f"Acceptance of {', '.join(sorted(counted & per_request))} is read from each response "
-                     "(per request, so per category too); the server's Prometheus counters over the same load "
-                     f"points {'agree' if all(agree) else 'differ at ' + str(agree.count(False)) + ' of them'} "
-                     "(run.json server_acceptance).")
+                     f"(per request, so per category too); {_agreement(entries)} (run.json server_acceptance).")
     launched = {server["arm"] for server in (run.get("launch") or {}).get("servers", [])}
     if (per_request & launched) - counted:
         notes.append(f"Acceptance of {', '.join(sorted((per_request & launched) - counted))} is read from each "
@@ -225,6 +222,18 @@ def _notes(run: dict, records: list[RequestRecord]) -> list[str]:
     if run.get("interrupted"):
         notes.append("The run was interrupted: figures cover the requests that finished.")
     return notes
+
+
+def _agreement(entries: list[dict]) -> str:
+    """How the responses' own counters compare with the server's Prometheus counters, point by point."""
+    agree = [entry.get("requests_agree") for entry in entries]
+    compared = [value for value in agree if value is not None]
+    blocks = " (read around each block and summed: a restart zeroes them)" if any("blocks" in e for e in entries) else ""
+    verdict = ("agree" if compared and all(compared) else
+               f"differ at {compared.count(False)} of them" if compared else "could not be read")
+    text = f"the server's Prometheus counters over the same load points{blocks} {verdict}"
+    unread = len(agree) - len(compared)
+    return text + (f"; {unread} point(s) not compared (a server could not be read after a block)" if unread else "")
 
 
 def launch_notes(run: dict) -> list[str]:
@@ -243,7 +252,9 @@ def launch_notes(run: dict) -> list[str]:
     if refused:
         notes.append(f"The engine refused per-request acceptance (--per-request-spec-decode-metrics, vLLM 0.32 on) "
                      f"for {', '.join(refused)}: relaunched without it; their acceptance comes from the server's "
-                     "Prometheus counters where the pairing kept them (side by side), else it is unknown.")
+                     "Prometheus counters, per load point.")
+    if launch.get("kv_cache"):
+        notes.append(launch["kv_cache"][0].upper() + launch["kv_cache"][1:] + ".")
     for server in servers:
         for exit_ in server.get("exits", []):
             notes.append(f"The server of {server['arm']} exited mid-run (exit code {exit_['code']}, start "

@@ -5,13 +5,9 @@ reads the server-sent events up to `data: [DONE]`, and turns transport failures,
 errors and error objects inside the stream into TargetError (counted, never a crash).
 With `continuous_usage` (vLLM's and our server's `stream_options.continuous_usage_stats`) every
 chunk carries the running completion count, so each chunk knows how many tokens it holds (a
-text-less chunk's tokens go to the next chunk with text). Our own server adds the request's
-speculative counters to its last chunk (`"specwise": {"speculative": true, "drafts": ..., ...}`):
-read as per-request acceptance.
-vLLM (0.32, `--per-request-spec-decode-metrics summary`) puts them on the usage chunk as
-`"metrics": {"speculative_decoding": {"num_spec_steps": drafts, "num_draft_tokens": ...,
-"num_accepted_draft_tokens": ..., "acceptance_histogram": [steps that accepted j drafts]}}`:
-accepted at position i = steps that accepted more than i, e.g. histogram [1, 2, 3] -> [5, 3].
+text-less chunk's tokens go to the next chunk with text).
+Each response's own speculative counters (our server's, vLLM's, SGLang's) are read as per-request
+acceptance (targets/per_request.py); `extra_body` adds fields to every request (SGLang's ask for them).
 """
 
 import json
@@ -21,8 +17,8 @@ from typing import AsyncIterator
 
 import httpx
 
-from specwise.bench.load.targets.base import (Acceptance, ServerAcceptance, StreamEvent, TargetError, TokenChunk,
-                                         Usage)
+from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, TargetError, TokenChunk, Usage
+from specwise.bench.load.targets.per_request import per_request_acceptance
 from specwise.bench.load.targets.prometheus import scrape
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.errors import ConfigError
@@ -42,6 +38,7 @@ class HttpTarget:
     metrics_url: str | None = None      # None: <base>/metrics
     headers: dict = field(default_factory=dict)
     continuous_usage: bool = False      # usage on every chunk: each chunk's token count (calibration)
+    extra_body: dict = field(default_factory=dict)     # more fields in every request's body
     _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -114,11 +111,7 @@ class HttpTarget:
                     yield TokenChunk(time=time.perf_counter(), text=text, tokens=tokens)
             if usage:
                 yield Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
-            counters = payload.get("specwise")
-            if isinstance(counters, dict) and counters.get("speculative"):
-                yield Acceptance(counters["drafts"], counters["draft_tokens"], counters["accepted_tokens"],
-                                 list(counters.get("accepted_per_position") or []))
-            acceptance = vllm_acceptance(payload.get("metrics"))
+            acceptance = per_request_acceptance(payload)
             if acceptance is not None:
                 yield acceptance
         raise TargetError("stream ended without data: [DONE]")
@@ -135,6 +128,7 @@ class HttpTarget:
             body["prompt"] = request.prompt or "\n\n".join(m["content"] for m in request.messages)
         if request.ignore_eos:
             body.update(ignore_eos=True, min_tokens=request.max_tokens)
+        body.update(self.extra_body)
         return body
 
     async def first_model(self) -> str | None:
@@ -143,20 +137,6 @@ class HttpTarget:
             return response.json()["data"][0]["id"]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return None
-
-
-def vllm_acceptance(metrics) -> Acceptance | None:
-    """vLLM's per-request `metrics.speculative_decoding` as Acceptance; None when absent."""
-    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-    if not isinstance(spec, dict):
-        return None
-    try:
-        histogram = [int(count) for count in spec.get("acceptance_histogram") or []]
-        per_position = [sum(histogram[position + 1:]) for position in range(max(len(histogram) - 1, 0))]
-        return Acceptance(int(spec["num_spec_steps"]), int(spec["num_draft_tokens"]),
-                          int(spec["num_accepted_draft_tokens"]), per_position)
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 async def check_endpoint(name: str, base_url: str, headers: dict | None = None) -> None:

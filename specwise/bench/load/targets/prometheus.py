@@ -1,6 +1,7 @@
 """Speculative counters from a server's Prometheus /metrics page.
 
-Counter families (cumulative; differenced before/after each load point):
+Counter families (cumulative; differenced before/after each load point, or each block when
+servers restart between blocks, the blocks' differences then summed by add()):
   vllm:spec_decode_num_drafts_total, ..._num_draft_tokens_total,
   ..._num_accepted_tokens_total, ..._num_accepted_tokens_per_pos_total{position="i"}
   specwise:spec_decode_* with the same names (our own server).
@@ -61,6 +62,22 @@ def difference(before: ServerAcceptance | None, after: ServerAcceptance | None) 
         accepted_per_position=[a - b for a, b in zip(after.accepted_per_position, earlier)])
 
 
+def add(total: ServerAcceptance | None, more: ServerAcceptance | None) -> ServerAcceptance | None:
+    """Two differences summed (in blocks, one per block: a restart zeroes the counters); gauges, or
+    counters from another source: the later reading."""
+    if total is None or more is None:
+        return more if total is None else total
+    if total.drafts is None or more.drafts is None or total.source != more.source:
+        return more
+    positions = max(len(total.accepted_per_position), len(more.accepted_per_position))
+    per_position = [a + b for a, b in zip(_padded(total.accepted_per_position, positions),
+                                          _padded(more.accepted_per_position, positions))]
+    return ServerAcceptance(source=more.source, drafts=total.drafts + more.drafts,
+                            draft_tokens=total.draft_tokens + more.draft_tokens,
+                            accepted_tokens=total.accepted_tokens + more.accepted_tokens,
+                            accepted_per_position=per_position)
+
+
 async def scrape(client: httpx.AsyncClient, url: str) -> ServerAcceptance | None:
     """GET url and read the counters; None when the page is missing or has none."""
     try:
@@ -102,6 +119,10 @@ def _sglang_gauges(samples) -> ServerAcceptance | None:
     if rate is None and length is None:
         return None
     return ServerAcceptance(source="sglang", rate=rate, length=length)
+
+
+def _padded(values: list[float], length: int) -> list[float]:
+    return list(values) + [0.0] * (length - len(values))
 
 
 def _unescape(raw: str) -> str:
