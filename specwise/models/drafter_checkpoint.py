@@ -25,12 +25,13 @@ from torch import nn
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle import EagleHead
+from specwise.models.export_formats import DRAFTER_CONFIG
 from specwise.models.medusa import MedusaHeads
 from specwise.models.tokenizer import Tokenizer
 
 FORMAT, VERSION = "specwise-drafter", 1
 KINDS = ("eagle", "medusa")
-CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "drafter.json", "model.safetensors", "README.md"
+CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = DRAFTER_CONFIG, "model.safetensors", "README.md"
 SIGNATURE_FIELDS = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "intermediate_size", "head_dim")
 
