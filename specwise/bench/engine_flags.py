@@ -43,7 +43,7 @@ SERVER_FORMS = ("off, ngram[:MIN-MAX], suffix[:D[:T]], draft:MODEL, eagle:MODEL,
                 "(MODEL: the server's checkpoint or a specwise head's directory; each @k optional)")
 _VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}
 _SGLANG_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
-HEADS = ("eagle", "medusa")         # our heads: served from their exported directory
+HEADS = ("eagle", "eagle3", "medusa")     # our heads: served from their exported directory
 _EXPORT_FIRST = ("export the head's directory first: specwise export-drafter DIR --format vllm --out OUT, then "
                  "{{\"method\": \"{}\", \"model\": OUT}} (the built-in head's DIR is "
                  "specwise/models/heads/<target>/{})")
@@ -54,6 +54,7 @@ NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-
                                       "the closest there is a small draft model or EAGLE heads.",
                         "eagle": _EXPORT_FIRST.format("eagle", "eagle"),
                         "medusa": _EXPORT_FIRST.format("medusa", "medusa"),
+                        "eagle3": _EXPORT_FIRST.format("eagle3", "eagle3"),
                         "lookahead": "vLLM and SGLang have no lookahead decoding; TensorRT-LLM has it "
                                      "(config below); the closest in vLLM/SGLang is ngram (prompt lookup)."}
 

@@ -10,10 +10,11 @@ EXPORT_FORMATS = ("vllm", "sglang")
 DRAFTER_CONFIG = "drafter.json"     # marks a specwise drafter directory (drafter_checkpoint.py writes it)
 VLLM_VERSION = "0.32.0"
 SGLANG_COMMIT = "034b3be"
-VLLM_METHODS = {"eagle": "eagle", "medusa": "medusa", "draft": "draft_model"}     # our kind -> vLLM's method
+VLLM_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "draft": "draft_model"}   # kind -> method
 SGLANG_REFUSALS = {
     "eagle": "SGLang's EAGLE draft models apply no final norm to the draft's output (and none before layer 0's "
              "attention), and specwise's EAGLE head has both; serve it with vLLM (--format vllm)",
+    "eagle3": "SGLang's EAGLE-3 checkpoint format was not read for this export; serve it with vLLM (--format vllm)",
     "medusa": "SGLang has no Medusa method; serve Medusa heads with vLLM (--format vllm)",
 }
 

@@ -6,13 +6,15 @@ from specwise.config import DTYPES, MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 from specwise.models.export_formats import EXPORT_FORMATS
 
-KINDS = ("eagle", "medusa", "draft")
+KINDS = ("eagle", "eagle3", "medusa", "draft")
 
 
 @dataclass
 class TrainConfig:
     kind: str = field(default="eagle", metadata={"help": "what to train: eagle (one decoder layer over the target's "
-                                                         "features), medusa (residual heads) or draft (a small model)"})
+                                                         "features), eagle3 (one decoder layer over three of its "
+                                                         "layers, fused), medusa (residual heads) or draft (a small "
+                                                         "model)"})
     out: str = field(default="", metadata={"help": "directory to write the drafter to (its work/ folder keeps data "
                                                    "and checkpoints)"})
     target: str | None = field(default=None, metadata={
@@ -47,12 +49,13 @@ class TrainConfig:
     num_heads: int = field(default=4, metadata={"help": "medusa: heads (the largest k it drafts)"})
     draft_layers: int = field(default=4, metadata={"help": "draft: decoder layers of the draft model (spread over "
                                                            "the target's, copied from it)"})
-    feature_noise: float = field(default=0.1, metadata={"help": "eagle: std of Gaussian noise on input features, "
-                                                                "relative to their RMS"})
-    unroll: int = field(default=2, metadata={"help": "eagle: drafting steps unrolled in training (1: teacher "
+    feature_noise: float = field(default=0.1, metadata={"help": "eagle, eagle3: std of Gaussian noise on input "
+                                                                "features, relative to their RMS"})
+    unroll: int = field(default=2, metadata={"help": "eagle, eagle3: drafting steps unrolled in training (1: teacher "
                                                      "forcing only; 2-3 feed predicted features back)"})
     feature_weight: float = field(default=1.0, metadata={"help": "eagle: weight of the feature regression "
-                                                                 "(smooth L1) next to the token cross entropy"})
+                                                                 "(smooth L1) next to the token cross entropy "
+                                                                 "(eagle3 regresses none)"})
     export: str | None = field(default=None, metadata={
         "help": f"also write the trained drafter in an engine's format ({', '.join(EXPORT_FORMATS)}) to "
                 f"OUT/export-FORMAT (as `specwise export-drafter OUT --format FORMAT` does)"})

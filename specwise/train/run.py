@@ -13,6 +13,7 @@ from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import target_signature
 from specwise.models.drafter_export import check_format, export_drafter
+from specwise.models.eagle3 import default_aux_layers
 from specwise.models.export_formats import export_dir
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
@@ -21,6 +22,7 @@ from specwise.train.config import TrainConfig
 from specwise.train.data import Corpus, build_corpus, data_key
 from specwise.train.draft import DraftObjective
 from specwise.train.eagle import EagleObjective, active_vocabulary
+from specwise.train.eagle3 import Eagle3Objective
 from specwise.train.medusa import MedusaObjective
 from specwise.train.loop import CHECKPOINT_FILE, LoopState, Schedule, train
 from specwise.train.prompts import BUILT_IN, load_prompts, split_held_out
@@ -52,7 +54,9 @@ def prepare(config: TrainConfig, checkpoint: Checkpoint | None = None) -> Prepar
                     dtype=str(engine.dtype), held_out=config.held_out)
     key = data_key(requests, target_signature(checkpoint.config, checkpoint.tokenizer), settings)
     work = Path(config.out).expanduser() / WORK_DIR / f"data-{key}"
-    corpus = build_corpus(engine, requests, held_out, work, config.max_tokens, config.temperature, config.seed)
+    aux_layers = default_aux_layers(checkpoint.config.num_hidden_layers) if config.kind == "eagle3" else None
+    corpus = build_corpus(engine, requests, held_out, work, config.max_tokens, config.temperature, config.seed,
+                          aux_layers)
     counts: dict[str, int] = {}
     for request in requests:
         counts[request.category] = counts.get(request.category, 0) + 1
@@ -70,6 +74,9 @@ def build_objective(config: TrainConfig, prepared: Prepared):
     if config.kind == "eagle":
         return EagleObjective(target, signature, active, unroll=config.unroll, feature_noise=config.feature_noise,
                               feature_weight=config.feature_weight, init_from_target=config.init_from_target)
+    if config.kind == "eagle3":
+        return Eagle3Objective(target, signature, active, default_aux_layers(target.config.num_hidden_layers),
+                               unroll=config.unroll, feature_noise=config.feature_noise)
     if config.kind == "medusa":
         return MedusaObjective(target, signature, active, config.num_heads)
     return DraftObjective(target, prepared.engine.tokenizer, active, config.draft_layers)
@@ -123,6 +130,8 @@ def training_facts(config: TrainConfig, prepared: Prepared, state: LoopState, da
     final = state.history[-1]["acceptance"] if state.history else {}
     return {
         "kind": config.kind, "target": prepared.target_name,
+        **({"aux_layers": default_aux_layers(prepared.checkpoint.config.num_hidden_layers)}
+           if config.kind == "eagle3" else {}),
         "specwise_version": package_version(),
         "data": {"source": "built-in training prompts" if config.data == BUILT_IN else Path(config.data).name,
                  "prompts": corpus.num_seqs, "held_out_prompts": len(held),
