@@ -105,6 +105,11 @@ def test_heads_are_exported_beside_them_and_launched_with_the_export(tmp_path, f
     assert {r.arm for r in records} == {"off", "eagle-eagle-k2", "medusa-medusa-k2"} and not any(r.error for r in records)
     # the run's arms (what the recommendation reads) name the export, a checkpoint in vLLM's format
     assert {arm["name"]: arm["spec"] for arm in run["arms"]}["eagle-eagle-k2"] == f"eagle:{eagle / 'export-vllm'}"
+    configs = {config["spec"]: config for config in json.loads((outcome.results_dir / "summary.json").read_text())
+               ["recommendation"]["configs"]}
+    exported = configs[f"eagle:{eagle / 'export-vllm'}"]
+    assert exported["vllm"]["model"] == str(eagle / "export-vllm") and "Export the head" not in exported["vllm_note"]
+    assert exported["sglang"] is None and "no final norm" in exported["sglang_note"]   # vLLM's format only
 
     again = evaluate(run_config(tmp_path / "second", f"off,eagle:{eagle}@2"), argv=[], launch=settings(hf))
     second = json.loads((again.results_dir / "run.json").read_text())["launch"]["exports"]

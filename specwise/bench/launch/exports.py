@@ -103,6 +103,7 @@ def run_exports(plans: list[HeadExport], model: str) -> None:
 
 def exported_specs(specs: list[ArmSpec], plans: list[HeadExport]) -> list[ArmSpec]:
     """The arms with each head's spec pointing at its export (method and k kept, the name too)."""
-    outs = {plan.arm: plan.out for plan in plans}
-    return [dataclasses.replace(spec, spec=f"{spec.method}:{outs[spec.name]}") if spec.name in outs else spec
-            for spec in specs]
+    plans_by_arm = {plan.arm: plan for plan in plans}
+    return [dataclasses.replace(spec, spec=f"{spec.method}:{plans_by_arm[spec.name].out}",
+                                exported_from=plans_by_arm[spec.name].drafter)
+            if spec.name in plans_by_arm else spec for spec in specs]

@@ -34,6 +34,7 @@ class ArmSpec:
     k: int | None           # draft tokens per step; 0 for off; None if unknown (endpoints)
     url: str | None = None
     engine: str | None = None   # "vllm" / "sglang": a server specwise launches for this arm
+    exported_from: str | None = None    # our head's directory when spec names its export (launch/exports.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
