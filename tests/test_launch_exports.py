@@ -22,6 +22,7 @@ from specwise.errors import ConfigError
 from specwise.models.builtin_heads import PACKAGE_HEADS
 from specwise.models.loader import build_model
 from specwise.models.vllm_eagle import read_eagle
+from specwise.models.vllm_eagle3 import read_eagle3
 from specwise.models.vllm_medusa import read_medusa
 from draft_dirs import write_first_layers_draft
 from head_training import fitted_head_dir, greedy_texts
@@ -65,7 +66,8 @@ def heads(tmp_path_factory):
     hf = write_first_layers_draft(target, target.config.num_hidden_layers, root / "target")
     eagle = fitted_head_dir(root / "eagle", "eagle", target, model, texts, steps=10)
     medusa = fitted_head_dir(root / "medusa", "medusa", target, model, texts, steps=10, num_heads=2)
-    return hf, eagle, medusa
+    eagle3 = fitted_head_dir(root / "eagle3", "eagle3", target, model, texts, steps=10)
+    return hf, eagle, medusa, eagle3
 
 
 def run_config(tmp_path, methods: str) -> EvaluateConfig:
@@ -87,7 +89,7 @@ def copy_head(source: Path, directory: Path) -> Path:
 
 
 def test_heads_are_exported_beside_them_and_launched_with_the_export(tmp_path, fake, heads):
-    hf, eagle_source, medusa_source = heads
+    hf, eagle_source, medusa_source, _ = heads
     eagle, medusa = copy_head(eagle_source, tmp_path / "eagle"), copy_head(medusa_source, tmp_path / "medusa")
     outcome = evaluate(run_config(tmp_path, f"off,eagle:{eagle}@2,medusa:{medusa}@2"), argv=[], launch=settings(hf))
     run = json.loads((outcome.results_dir / "run.json").read_text())
@@ -117,7 +119,7 @@ def test_heads_are_exported_beside_them_and_launched_with_the_export(tmp_path, f
 
 
 def test_dry_run_shows_the_export_and_writes_nothing(tmp_path, fake, heads):
-    hf, eagle_source, _ = heads
+    hf, eagle_source, _, _ = heads
     eagle = copy_head(eagle_source, tmp_path / "eagle")
     result = subprocess.run(
         [sys.executable, "-m", "specwise", "evaluate", "--engine", "vllm", "--engine-cmd", FAKE, "--model", str(hf),
@@ -134,7 +136,7 @@ def test_dry_run_shows_the_export_and_writes_nothing(tmp_path, fake, heads):
 
 
 def test_where_each_export_goes(tmp_path, heads, monkeypatch):
-    _, eagle_source, _ = heads
+    _, eagle_source, _, _ = heads
     results = tmp_path / "results"
 
     def planned(directory):
@@ -153,10 +155,22 @@ def test_where_each_export_goes(tmp_path, heads, monkeypatch):
 
 
 def test_sglang_cannot_hold_our_eagle_head_one_line_before_anything_starts(tmp_path, fake, heads):
-    hf, eagle_source, _ = heads
+    hf, eagle_source, _, _ = heads
     eagle = copy_head(eagle_source, tmp_path / "eagle")
     with pytest.raises(ConfigError, match="cannot export this eagle drafter for SGLang") as error:
         evaluate(run_config(tmp_path, f"off,eagle:{eagle}"), argv=[],
                  launch=settings(hf, engine="sglang", engine_cmd=FAKE.removesuffix(" serve")))
     assert "\n" not in str(error.value) and not (eagle / "export-sglang").exists()
     assert not list(fake.glob("*.pid"))
+
+
+def test_an_eagle3_head_is_exported_as_vllm_eagle3_and_launched(tmp_path, fake, heads):
+    hf, _, _, eagle3_source = heads
+    eagle3 = copy_head(eagle3_source, tmp_path / "eagle3")
+    outcome = evaluate(run_config(tmp_path, f"off,eagle3:{eagle3}@3"), argv=[], launch=settings(hf))
+    run = json.loads((outcome.results_dir / "run.json").read_text())
+    argv = run["launch"]["servers"][1]["argv"]
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {"method": "eagle3", "model": str(eagle3 / "export-vllm"), "num_speculative_tokens": 3}
+    assert read_eagle3(eagle3 / "export-vllm")[0]["architectures"] == ["Eagle3LlamaForCausalLM"]
+    assert not any(r.error for r in read_records(outcome.results_dir))
