@@ -223,7 +223,7 @@ def test_speculative_text_round_trips(text, method, head_dir, label):
 
 
 def test_a_head_directory_on_another_method_is_refused():
-    with pytest.raises(ConfigError, match="only used by eagle:DIR or medusa:DIR"):
+    with pytest.raises(ConfigError, match="only used by eagle:DIR, eagle3:DIR or medusa:DIR"):
         SpeculativeConfig("ngram", 4, head_dir="somewhere")
 
 
