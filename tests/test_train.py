@@ -19,6 +19,7 @@ from specwise.sampling_params import SamplingParams
 from specwise.train.acceptance import held_out_acceptance
 from specwise.train.batch import make_batch
 from specwise.train.config import TrainConfig
+from specwise.train.corpus import read_corpus_texts
 from specwise.train.data import Corpus, record_features
 from specwise.train.draft import DraftObjective, spread_layers
 from specwise.train.eagle import EagleObjective, active_vocabulary
@@ -315,3 +316,50 @@ def test_an_eagle3_recording_serves_an_eagle_run_too(tmp_path, cached_work, data
     monkeypatch.setattr("specwise.train.data.record_features", lambda *_: pytest.fail("recorded again"))
     reread = prepare(settings(out, data_file), target).corpus
     assert reread.aux is None and torch.equal(reread.features, plain.features)
+
+
+def test_corpus_rows_become_pieces_in_file_order_up_to_the_token_cap(tmp_path, target):
+    tokenizer = target.tokenizer
+    path = tmp_path / "corpus.jsonl"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
+    path.write_text(json.dumps({"text": "abcdefghij"}) + "\n\n" + json.dumps({"messages": chat}) + "\n" +
+                    json.dumps({"text": "never read"}) + "\n")
+    text_ids = tokenizer.encode("abcdefghij")                                 # 11 tokens: pieces of 4, 4, 3
+    chat_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=False)
+    cap = len(text_ids) + 5
+    pieces = read_corpus_texts(path, tokenizer, cap, max_len=4)
+    # the chat's 5 tokens make pieces of 4 and 1: a piece of one token holds no pair and is dropped
+    assert [t for piece in pieces for t in piece] == text_ids + chat_ids[:4]
+    assert all(2 <= len(piece) <= 4 for piece in pieces)
+
+
+@pytest.mark.parametrize("row, problem", [("{not json", "not JSON"), ('{"text": 3}', 'needs "text"'),
+                                          ('{"messages": [{"role": "user"}]}', 'needs "text"')])
+def test_a_bad_corpus_row_is_one_line_naming_it(tmp_path, target, row, problem):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"text": "fine"}) + "\n" + row + "\n")
+    with pytest.raises(InputError, match=f"corpus.jsonl:2: .*{problem}") as error:
+        read_corpus_texts(path, target.tokenizer, 1000, 64)
+    assert "\n" not in str(error.value)
+
+
+def test_a_corpus_is_trained_on_as_it_is_beside_the_answers(tmp_path, cached_work, data_file, target):
+    """--corpus: the texts are added as sequences of their own (category corpus, never held out), the target's
+    features and greedy tokens recorded over them; the answers to --data are the cached ones."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": f"Document {i}: plain text the target never wrote."}) + "\n"
+                            for i in range(3)))
+    out = out_dir(tmp_path, cached_work)
+    plain = prepare(settings(out, data_file), target)
+    mixed = prepare(settings(out, data_file, corpus=str(path)), target)
+    assert mixed.data_key != plain.data_key
+    corpus = mixed.corpus
+    index = corpus.categories.index("corpus")
+    texts = [s for s in range(corpus.num_seqs) if int(corpus.category[s]) == index]
+    assert len(texts) == 3 and not any(bool(corpus.held_out[s]) for s in texts)
+    assert corpus.token_ids[corpus.rows(texts[0])].tolist() == target.tokenizer.encode(
+        "Document 0: plain text the target never wrote.")
+    assert corpus.num_seqs == plain.corpus.num_seqs + 3 and corpus.split(True) == plain.corpus.split(True)
+    state = run(settings(out, data_file, corpus=str(path), epochs=1), target, log=lambda _: None)
+    card = (state / "README.md").read_text()
+    assert "tokens of corpus.jsonl read as they are" in card

@@ -14,6 +14,9 @@ def model_card(training: dict) -> str:
              *[f"| {name} | {count} |" for name, count in data["prompts_per_category"].items()], "",
              f"Tokens (prompt + response): {data['train_tokens']:,} trained on, {data['held_out_tokens']:,} held out; "
              f"at most {settings['max_tokens']} response tokens per prompt.", "",
+             *([f"Also {data['corpus']['tokens']:,} tokens of {data['corpus']['file']} read as they are (--corpus: "
+                f"the target's features over them, its greedy token at each position as the label; no generation).",
+                ""] if data.get("corpus") else []),
              "## Training", "",
              f"{training['steps']} AdamW steps ({settings['epochs']} epochs of about {settings['batch_tokens']} "
              f"tokens per step), peak learning rate {settings['lr']}, warm-up {settings['warmup_steps']} steps "

@@ -22,6 +22,11 @@ class TrainConfig:
     data: str = field(default="suite", metadata={
         "help": "prompts: 'suite' (the built-in training prompts, disjoint from the evaluation suite) or a JSONL "
                 "workload file"})
+    corpus: str | None = field(default=None, metadata={
+        "help": "a JSONL of documents ({\"text\": ...}) or conversations ({\"messages\": [...]}) the target reads "
+                "as they are (its features over them by teacher-forced forwards, no generation), trained on "
+                "together with the self-distilled answers to --data"})
+    corpus_tokens: int = field(default=1_000_000, metadata={"help": "most tokens read from --corpus (file order)"})
     resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in OUT/work"})
     seed: int = field(default=0, metadata={"help": "seed of the held-out split, data order, noise and initialisation"})
     num_threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's choice)"})
@@ -76,7 +81,7 @@ class TrainConfig:
             raise ConfigError(f"--held-out must be in [0, 1), got {self.held_out}")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
-        for name in ("max_tokens", "generation_batch", "epochs", "batch_tokens", "checkpoint_every",
+        for name in ("max_tokens", "generation_batch", "corpus_tokens", "epochs", "batch_tokens", "checkpoint_every",
                      "eval_stride", "num_heads", "draft_layers", "unroll"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

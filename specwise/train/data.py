@@ -12,7 +12,8 @@ generation settings, so a rerun or `--resume` with the same ones reuses them):
       offsets       [num_seqs + 1] int64  sequence s is rows offsets[s] .. offsets[s+1]
       response_start [num_seqs] int64     first response position within the sequence
       held_out      [num_seqs] uint8      1: kept for the acceptance measured each epoch
-      category      [num_seqs] int64      index into meta.json's "categories"
+      category      [num_seqs] int64      index into meta.json's "categories" ("corpus": --corpus texts,
+                                          corpus.py, after the responses)
       aux           [num_tokens, 3 * hidden] bf16 (eagle3 only): the residual streams after its three
                     layers, side by side (models/eagle3.py); then in features-layers-L1-L2-L3.safetensors,
                     recorded from the same cached responses
@@ -38,6 +39,7 @@ from specwise.sampling_params import SamplingParams
 
 FEATURES_FILE, RESPONSES_FILE, META_FILE = "features.safetensors", "responses.jsonl", "meta.json"
 FORWARD_TOKENS = 4096          # tokens per teacher-forced forward
+CORPUS_CATEGORY = "corpus"     # the category of --corpus texts
 
 
 @dataclass
@@ -86,9 +88,11 @@ def features_file(aux_layers: list[int] | None) -> str:
 
 
 def build_corpus(engine: LLMEngine, requests: list[WorkloadRequest], held_out: list[bool], work: Path,
-                 max_tokens: int, temperature: float, seed: int, aux_layers: list[int] | None = None) -> Corpus:
+                 max_tokens: int, temperature: float, seed: int, aux_layers: list[int] | None = None,
+                 texts: list[list[int]] | None = None) -> Corpus:
     """Responses, then features (and the aux_layers' residual streams), each read back from `work` when
-    already there."""
+    already there. texts (--corpus, corpus.py): more sequences, taken as they are (category "corpus",
+    never held out, every position trained)."""
     work.mkdir(parents=True, exist_ok=True)
     features_path = work / features_file(aux_layers)
     if features_path.is_file():
@@ -97,9 +101,14 @@ def build_corpus(engine: LLMEngine, requests: list[WorkloadRequest], held_out: l
     if not aux_layers and recorded_with_layers:         # an eagle3 run recorded the features too
         return read_corpus(work, None, recorded_with_layers[0].name)
     sequences, response_start = generate(engine, requests, work / RESPONSES_FILE, max_tokens, temperature, seed)
-    categories = sorted({r.category for r in requests})
-    corpus = record_features(engine.model, engine.dtype, sequences, response_start, held_out,
-                             [categories.index(r.category) for r in requests], categories, aux_layers)
+    categories = sorted({r.category for r in requests} | ({CORPUS_CATEGORY} if texts else set()))
+    category = [categories.index(r.category) for r in requests]
+    if texts:
+        sequences, response_start = sequences + texts, response_start + [1] * len(texts)
+        held_out = list(held_out) + [False] * len(texts)
+        category = category + [categories.index(CORPUS_CATEGORY)] * len(texts)
+    corpus = record_features(engine.model, engine.dtype, sequences, response_start, held_out, category, categories,
+                             aux_layers)
     names = ("token_ids", "features", "target_next", "offsets", "response_start", "held_out", "category")
     tensors = {name: getattr(corpus, name).contiguous() for name in names + (("aux",) if aux_layers else ())}
     partial = features_path.with_name(features_path.name + ".partial")
