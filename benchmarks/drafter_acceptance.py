@@ -28,6 +28,7 @@ from specwise.models.capabilities import compute_dtype
 from specwise.train.acceptance import held_out_acceptance
 from specwise.train.data import build_corpus, data_key
 from specwise.train.eagle import EagleObjective, active_vocabulary
+from specwise.train.eagle3 import Eagle3Objective
 from specwise.train.medusa import MedusaObjective
 
 
@@ -51,14 +52,18 @@ def main() -> None:
     key = data_key(requests, target_signature(checkpoint.config, checkpoint.tokenizer),
                    dict(max_tokens=args.max_tokens, dtype=str(engine.dtype), suite=True))
     started = time.perf_counter()
-    corpus = build_corpus(engine, requests, [True] * len(requests), Path(args.work) / key, args.max_tokens, 0.0, 0)
+    drafter = read_drafter_config(args.drafter)
+    # eagle3 reads the target's residual streams at its layers too (recorded once more beside the features)
+    corpus = build_corpus(engine, requests, [True] * len(requests), Path(args.work) / key, args.max_tokens, 0.0, 0,
+                          drafter.aux_layers)
     print(f"# machine: {platform.machine()} {torch.get_num_threads()} threads; suite: {corpus.num_seqs} prompts, "
           f"{len(corpus.token_ids)} tokens ({time.perf_counter() - started:.0f} s to generate or read)")
-    drafter = read_drafter_config(args.drafter)
     target = build_model(checkpoint, torch.float32, "cpu", engine.max_model_len)
     everything = torch.arange(checkpoint.config.vocab_size)
     if drafter.kind == "eagle":
         objective = EagleObjective(target, drafter.target, everything, init_from_target=False)
+    elif drafter.kind == "eagle3":
+        objective = Eagle3Objective(target, drafter.target, everything, drafter.aux_layers)
     else:
         objective = MedusaObjective(target, drafter.target, everything, drafter.num_heads)
     _, head = load_drafter(args.drafter, checkpoint.config, checkpoint.tokenizer, torch.float32)

@@ -1,5 +1,5 @@
-"""An exported EAGLE head served by vLLM for CPU: is its greedy output the target's own, and does it
-accept what ours accepts?
+"""An exported EAGLE (or EAGLE-3) head served by vLLM for CPU: is its greedy output the target's own, and
+does it accept what ours accepts?
 
     python benchmarks/vllm_eagle_check.py                                  # the shipped head, 2 prompts/category
     python benchmarks/vllm_eagle_check.py --drafter DIR --per-category 3 --max-tokens 96
@@ -39,6 +39,7 @@ from specwise.engine.llm import LLM  # noqa: E402
 from specwise.engine.spec_decode.metrics import SpecStats  # noqa: E402
 from specwise.models.builtin_heads import find_builtin_head  # noqa: E402
 from specwise.models.drafter_export import export_drafter  # noqa: E402
+from specwise.models.export_formats import VLLM_METHODS  # noqa: E402
 from specwise.models.loader import load_checkpoint  # noqa: E402
 from specwise.monitor.exposition import parse_snapshot  # noqa: E402
 from specwise.sampling_params import SamplingParams  # noqa: E402
@@ -51,7 +52,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL),
                         help="target as an HF directory (benchmarks/export_hf.py)")
-    parser.add_argument("--drafter", default=None, help="EAGLE drafter directory (default: the shipped head)")
+    parser.add_argument("--drafter", default=None, help="EAGLE or EAGLE-3 drafter directory (default: the shipped "
+                                                         "EAGLE head)")
     parser.add_argument("--categories", default=",".join(CATEGORIES))
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -70,7 +72,8 @@ def parse_args(argv=None):
 def ours(args, drafter: Path, requests_by_category: dict) -> dict:
     torch.set_num_threads(args.threads)
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, speculative_policy="static")
-    llm.engine.set_speculative(f"eagle:{drafter}", args.k)
+    kind = json.loads((drafter / "drafter.json").read_text())["kind"]        # eagle or eagle3
+    llm.engine.set_speculative(f"{kind}:{drafter}", args.k)
     results = {}
     for category, requests in requests_by_category.items():
         llm.engine.stats = SpecStats()
@@ -132,13 +135,15 @@ def main(argv=None) -> int:
                 for category in categories}
 
     mine = ours(args, drafter, requests)
-    full_vocab = without_draft_vocab(drafter, out / "drafter-full-vocab")
+    kind = json.loads((drafter / "drafter.json").read_text())["kind"]
+    # vLLM's EAGLE path drafts over the whole vocabulary; its EAGLE-3 path keeps the draft vocabulary
+    full_vocab = without_draft_vocab(drafter, out / "drafter-full-vocab") if kind == "eagle" else None
     same_drafts = ours(args, full_vocab, requests) if full_vocab else mine
     extra = args.vllm_args.split()
     with VllmServer(args.model, extra, out / "vllm-off.log", dtype=args.dtype) as server:
         server.complete([{"role": "user", "content": "Hello"}], 4)                     # warm-up
         plain = vllm_texts(server, requests, args.max_tokens, scrape=False)
-    spec = json.dumps({"method": "eagle", "model": str(exported), "num_speculative_tokens": args.k})
+    spec = json.dumps({"method": VLLM_METHODS[kind], "model": str(exported), "num_speculative_tokens": args.k})
     with VllmServer(args.model, [*extra, "--speculative-config", spec], out / "vllm-eagle.log",
                     dtype=args.dtype) as server:
         eagle = vllm_texts(server, requests, args.max_tokens, scrape=True)

@@ -19,6 +19,7 @@ from specwise.engine.model_runner import ModelRunner
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
 from specwise.models.drafter_checkpoint import DrafterConfig, build_head, save_drafter, target_signature
 from specwise.models.eagle import EagleHead
+from specwise.models.eagle3 import Eagle3Head, default_aux_layers
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.medusa import MedusaHeads
 
@@ -48,6 +49,26 @@ def features_of(model: LlamaForCausalLM, tokens: list[int]) -> torch.Tensor:
     """The target's feature at every position of `tokens`, [len(tokens), hidden] fp32."""
     runner = runner_for(model, len(tokens))
     return runner.hidden_states([tokens], [0], [list(range(runner.num_blocks))]).float().clone()   # not an inference tensor
+
+
+def aux_of(model: LlamaForCausalLM, tokens: list[int], layers: list[int]) -> torch.Tensor:
+    """The target's residual streams after `layers` at every position, side by side, [len, 3 * hidden] fp32."""
+    runner = runner_for(model, len(tokens))
+    residuals = dict.fromkeys(layers)
+    runner.hidden_states([tokens], [0], [list(range(runner.num_blocks))], residuals=residuals)
+    return torch.cat([residuals[layer] for layer in layers], dim=-1).float().clone()
+
+
+def eagle3_loss(head: Eagle3Head, model: LlamaForCausalLM, tokens: list[int], aux: torch.Tensor) -> torch.Tensor:
+    """Pair t = (fc(a_t), x_{t+1}) drafts x_{t+2} (models/eagle3.py), teacher-forced."""
+    length = len(tokens) - 1
+    config = model.config
+    cache = torch.zeros(1, 2, config.num_key_value_heads, length, config.head_dim)
+    ids = torch.tensor(tokens)
+    with step_metadata(AttentionMetadata(torch.arange(length), [PrefillChunk(0, length)], [])):
+        drafted, _ = head.step(head.fuse(aux[:length]), model.embed_tokens(ids[1:]).float(), torch.arange(length),
+                               cache)
+    return F.cross_entropy(drafted[:-1] @ model.lm_head.weight.float().T, ids[2:])
 
 
 def eagle_loss(head: EagleHead, model: LlamaForCausalLM, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
@@ -81,12 +102,16 @@ def fit_head(kind: str, model: LlamaForCausalLM, texts: list[list[int]], steps: 
              seed: int = 0, lr: float = 3e-3) -> torch.nn.Module:
     """A fresh head (fp32) after `steps` Adam steps over the texts in turn."""
     torch.manual_seed(seed)
-    head = build_head(DrafterConfig(kind, {}, num_heads), model.config)
+    layers = default_aux_layers(model.config.num_hidden_layers) if kind == "eagle3" else None
+    head = build_head(DrafterConfig(kind, {}, num_heads, aux_layers=layers), model.config)
     if kind == "medusa":                    # zero-initialised heads only repeat the LM head: start from noise
         for param in head.parameters():
             torch.nn.init.normal_(param, std=0.02)
-    features = [features_of(model, tokens) for tokens in texts]
-    loss_of = eagle_loss if kind == "eagle" else medusa_loss
+    if kind == "eagle3":
+        features = [aux_of(model, tokens, layers) for tokens in texts]
+    else:
+        features = [features_of(model, tokens) for tokens in texts]
+    loss_of = {"eagle": eagle_loss, "eagle3": eagle3_loss, "medusa": medusa_loss}[kind]
     optimizer = torch.optim.Adam(head.parameters(), lr=lr)
     with torch.enable_grad():
         for step in range(steps):
@@ -101,6 +126,8 @@ def fitted_head_dir(directory: Path, kind: str, checkpoint, model: LlamaForCausa
                     steps: int, num_heads: int = 0, draft_vocab: list[int] | None = None) -> Path:
     """fit_head, saved as a drafter directory for this target (drafting from draft_vocab only, if given)."""
     head = fit_head(kind, model, texts, steps, num_heads)
+    layers = default_aux_layers(model.config.num_hidden_layers) if kind == "eagle3" else None
     drafter = DrafterConfig(kind, target_signature(checkpoint.config, checkpoint.tokenizer), num_heads,
-                            training={"steps": steps, "note": "test fixture"}, draft_vocab=draft_vocab)
+                            training={"steps": steps, "note": "test fixture"}, draft_vocab=draft_vocab,
+                            aux_layers=layers)
     return save_drafter(directory, head, drafter)

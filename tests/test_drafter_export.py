@@ -13,7 +13,9 @@ from specwise.models.attention import AttentionMetadata, PrefillChunk, step_meta
 from specwise.models.drafter_checkpoint import DrafterConfig, build_head, save_drafter, target_signature
 from specwise.models.drafter_export import export_drafter
 from specwise.models.loader import build_model
+from specwise.models.eagle3 import default_aux_layers
 from specwise.models.vllm_eagle import exported_eagle_forward, read_eagle
+from specwise.models.vllm_eagle3 import exported_eagle3_forward, read_eagle3
 from specwise.models.vllm_medusa import exported_medusa_logits, read_medusa
 from draft_dirs import write_first_layers_draft
 from tiny_models import tiny_checkpoint
@@ -198,3 +200,57 @@ def test_a_reader_names_a_wrong_shape(tmp_path):
     save_file(weights, str(tmp_path / "out" / "model.safetensors"))
     with pytest.raises(ModelLoadError, match="model.fc.weight has shape"):
         read_eagle(tmp_path / "out")
+
+
+@pytest.mark.parametrize("draft_vocab", [None, DRAFT_VOCAB])
+def test_exported_eagle3_gives_our_logits_and_keeps_the_draft_vocabulary(tmp_path, draft_vocab):
+    """vLLM's Eagle3LlamaForCausalLM, run from the files alone: the same draft logits as our head through the
+    engine's LM head (on the draft vocabulary where there is one, -inf elsewhere) and the same fed-back state,
+    for a teacher-forced run and for a step fed back its own output."""
+    target = tiny_checkpoint()
+    model = build_model(target, torch.float32, "cpu", 64)
+    layers = default_aux_layers(target.config.num_hidden_layers)
+    drafter = DrafterConfig("eagle3", target_signature(target.config, target.tokenizer), draft_vocab=draft_vocab,
+                            aux_layers=layers)
+    torch.manual_seed(3)
+    head = build_head(drafter, target.config)
+    for name, param in head.named_parameters():
+        torch.nn.init.normal_(param, mean=1.0 if "norm" in name else 0.0, std=0.1)
+    directory = save_drafter(tmp_path / "eagle3", head, drafter)
+    export = export_drafter(directory, "vllm", tmp_path / "out", target)
+    assert export.kind == "eagle3" and not export.notes and '"method": "eagle3"' in export.launch
+    config, weights = read_eagle3(tmp_path / "out")
+    assert config["eagle_aux_hidden_state_layer_ids"] == layers and weights["d2t"].dtype == torch.int64
+    assert config["draft_vocab_size"] == len(draft_vocab or range(target.config.vocab_size))
+    assert not any("embed_tokens" in name for name in weights)                       # shared from the target
+
+    generator = torch.Generator().manual_seed(4)
+    n, hidden = 9, target.config.hidden_size
+    tokens = torch.randint(0, target.config.vocab_size, (n + 1,), generator=generator)
+    aux = torch.randn(n, 3 * hidden, generator=generator)
+    embeddings = model.embed_tokens(tokens[1:]).float()
+    cache = torch.zeros(1, 2, target.config.num_key_value_heads, n + 1, target.config.head_dim)
+    with step_metadata(AttentionMetadata(torch.arange(n), [PrefillChunk(0, n)], [])):
+        normed, fed = head.step(head.fuse(aux), embeddings, torch.arange(n), cache)
+    theirs, their_fed = exported_eagle3_forward(config, weights, aux, embeddings, torch.arange(n), fuse=True)
+    ours = normed @ model.lm_head.weight.float().T                                      # [n, vocab]
+    rows = torch.tensor(draft_vocab) if draft_vocab else torch.arange(target.config.vocab_size)
+    torch.testing.assert_close(theirs[:, rows], ours[:, rows], rtol=1e-4, atol=1e-4)
+    assert torch.isinf(theirs).sum() == n * (target.config.vocab_size - len(rows))
+    torch.testing.assert_close(their_fed, fed, rtol=1e-4, atol=1e-4)
+    # the next draft step: the last pair's output fed back (no fc), as vLLM's later passes do
+    with step_metadata(AttentionMetadata(torch.arange(n), [PrefillChunk(0, n)], [])):
+        normed2, _ = head.step(fed, embeddings, torch.arange(n), torch.zeros_like(cache))
+    theirs2, _ = exported_eagle3_forward(config, weights, their_fed, embeddings, torch.arange(n), fuse=False)
+    torch.testing.assert_close(theirs2[:, rows], (normed2 @ model.lm_head.weight.float().T)[:, rows],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_an_eagle3_head_is_refused_for_sglang_in_one_line(tmp_path):
+    target = tiny_checkpoint()
+    drafter = DrafterConfig("eagle3", target_signature(target.config, target.tokenizer),
+                            aux_layers=default_aux_layers(target.config.num_hidden_layers))
+    directory = save_drafter(tmp_path / "eagle3", build_head(drafter, target.config), drafter)
+    with pytest.raises(ConfigError, match="cannot export this eagle3 drafter for SGLang") as error:
+        export_drafter(directory, "sglang", tmp_path / "out", target)
+    assert "\n" not in str(error.value) and not (tmp_path / "out").exists()

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from draft_dirs import write_first_layers_draft
-from head_training import features_of, fitted_head_dir, greedy_texts
+from head_training import aux_of, features_of, fitted_head_dir, greedy_texts
 from specwise.bench.load.arms import parse_methods
 from specwise.cli import main
 from specwise.config import MAX_SPECULATIVE_TOKENS, EngineConfig
@@ -49,8 +49,8 @@ from test_spec_exactness import (BATCH_ONE_PROMPTS, ENGINE, PROMPTS, REAL_PARAMS
 pytestmark = cpu_kernels
 
 MEDUSA_HEADS = 5
-DRAFTERS = {"eagle": MAX_SPECULATIVE_TOKENS, "medusa": MEDUSA_HEADS}     # drafter -> largest k
-DEFAULT_KS = {"eagle": (1, 3, 16), "medusa": (1, 3, 5)}                  # the rest are slow
+DRAFTERS = {"eagle": MAX_SPECULATIVE_TOKENS, "eagle3": MAX_SPECULATIVE_TOKENS, "medusa": MEDUSA_HEADS}   # -> largest k
+DEFAULT_KS = {"eagle": (1, 3, 16), "eagle3": (2, 16), "medusa": (1, 3, 5)}          # the rest are slow
 
 
 def k_cases(default_ks=DEFAULT_KS):
@@ -68,6 +68,7 @@ def models(tmp_path_factory):
     texts = greedy_texts(model, [target.tokenizer.encode(text) for text, _ in PROMPTS[::2]], max_tokens=40)
     eagle = fitted_head_dir(root / "eagle", "eagle", target, model, texts, steps=100)
     medusa = fitted_head_dir(root / "medusa", "medusa", target, model, texts, steps=300, num_heads=MEDUSA_HEADS)
+    eagle3 = fitted_head_dir(root / "eagle3", "eagle3", target, model, texts, steps=100)
     # the same EAGLE head drafting only from the tokens its texts hold (as a trainer would list them), and
     # from tokens the target never says there: every draft rejected, the output still the target's
     seen = sorted({token for text in texts for token in text})
@@ -75,7 +76,8 @@ def models(tmp_path_factory):
     eagle_vocab = fitted_head_dir(root / "eagle_vocab", "eagle", target, model, texts, steps=100, draft_vocab=seen)
     eagle_unseen = fitted_head_dir(root / "eagle_unseen", "eagle", target, model, texts, steps=100,
                                    draft_vocab=unseen)
-    return target, {"eagle": f"eagle:{eagle}", "medusa": f"medusa:{medusa}", "ngram": "ngram",
+    return target, {"eagle": f"eagle:{eagle}", "eagle3": f"eagle3:{eagle3}", "medusa": f"medusa:{medusa}",
+                    "ngram": "ngram",
                     "eagle_vocab": f"eagle:{eagle_vocab}", "eagle_unseen": f"eagle:{eagle_unseen}"}
 
 
@@ -93,7 +95,7 @@ def check_drafted(engine: LLMEngine) -> None:
     assert not engine.proposer.sampler.generators
 
 
-@pytest.mark.parametrize("drafter, k", k_cases({"eagle": (1, 4), "medusa": (1, 5)}))
+@pytest.mark.parametrize("drafter, k", k_cases({"eagle": (1, 4), "eagle3": (1, 4), "medusa": (1, 5)}))
 def test_greedy_output_equals_the_target_alone_at_batch_one(models, references, drafter, k):
     engine = make_engine(models, drafter, k)
     outputs = {}
@@ -166,18 +168,24 @@ def test_a_draft_vocabulary_the_target_never_uses_is_rejected_every_time_yet_exa
 def test_switching_drafters_drops_the_previous_feature_observer(models, references):
     engine = make_engine(models, "eagle", 3)
     text, max_tokens = PROMPTS[0]
-    for drafter, observers in [("medusa", 1), ("ngram", 0), ("eagle", 1), (None, 0)]:
+    for drafter, observers in [("eagle3", 1), ("medusa", 1), ("ngram", 0), ("eagle", 1), (None, 0)]:
         engine.set_speculative(None if drafter is None else models[1][drafter], 3)
         assert len(engine.runner.feature_observers) == observers, drafter
+        assert bool(engine.runner.feature_layers) == (drafter == "eagle3"), drafter     # residual streams read
         outputs = run(engine, [(0, f"{drafter}", text, greedy(max_tokens))])
         assert outputs[f"{drafter}"][-1].output_token_ids == references["outputs"][0], drafter
 
 
-def test_the_features_eagle_pairs_are_the_targets_own(models):
+@pytest.mark.parametrize("drafter", ["eagle", "eagle3"])
+def test_the_features_eagle_pairs_are_the_targets_own(models, drafter):
     """After every step the features kept below num_computed_tokens equal the target's, computed afresh
-    over the whole sequence: chunked prompts are placed right and rejected drafts' rows are dropped."""
-    engine = make_engine(models, "eagle", 4, max_num_batched_tokens=16)      # prompts in chunks of <= 16
+    over the whole sequence: chunked prompts are placed right and rejected drafts' rows are dropped.
+    EAGLE-3's are the residual streams of its three layers."""
+    engine = make_engine(models, drafter, 4, max_num_batched_tokens=16)      # prompts in chunks of <= 16
     model = engine.model
+    layers = engine.proposer.aux_layers
+    of = (lambda tokens: features_of(model, tokens)) if layers is None else (lambda tokens: aux_of(model, tokens,
+                                                                                                   layers))
     for index, (text, max_tokens) in enumerate(PROMPTS[:4]):
         engine.add_request(text, greedy(max_tokens), request_id=f"r{index}")
     checked = 0
@@ -188,7 +196,7 @@ def test_the_features_eagle_pairs_are_the_targets_own(models):
             if state is None or not state.segments:
                 continue
             start, end = state.segments[0][0], seq.num_computed_tokens
-            expected = features_of(model, seq.token_ids)[start:end]
+            expected = of(seq.token_ids)[start:end]
             torch.testing.assert_close(state.features(start, end), expected, rtol=1e-4, atol=1e-4)
             checked += 1
     assert checked > 20 and engine.stats.accepted_tokens < engine.stats.draft_tokens
@@ -218,7 +226,7 @@ def test_speculative_text_round_trips(text, method, head_dir, label):
 
 
 def test_a_head_directory_on_another_method_is_refused():
-    with pytest.raises(ConfigError, match="only used by eagle:DIR or medusa:DIR"):
+    with pytest.raises(ConfigError, match="only used by eagle:DIR, eagle3:DIR or medusa:DIR"):
         SpeculativeConfig("ngram", 4, head_dir="somewhere")
 
 

@@ -19,7 +19,7 @@ the truth, not with another noisy run:
 Drafters: ngram (one-hot drafts), draft_same (a draft model with the target's weights:
 p_draft == p_target, every draft accepted), draft_near (the target's weights plus noise:
 sampled drafts from a different distribution, about a third accepted), layer_skip:1, suffix (one-hot),
-eagle and medusa (heads fitted for a few steps to the target's greedy text, tests/head_training.py:
+eagle, eagle3 and medusa (heads fitted for a few steps to the target's greedy text, tests/head_training.py:
 sampled drafts, some accepted), eagle_vocab (the EAGLE head drafting from a draft vocabulary: p_draft
 is 0 outside it), lookahead (one-hot draft trees of up to 3 candidates, verified by the trie walk).
 
@@ -71,7 +71,7 @@ SETTINGS = {
     "top_k_top_p": dict(temperature=1.3, top_k=10, top_p=0.9),
 }
 DRAFTERS = ["ngram", pytest.param("draft_same", marks=pytest.mark.slow), "draft_near", "layer_skip", "suffix",
-            "eagle", "medusa", "eagle_vocab", "lookahead"]
+            "eagle", "eagle3", "medusa", "eagle_vocab", "lookahead"]
 
 
 def write_tiny_model(directory: Path, seed: int, num_layers: int, noise: float = 0.0, noise_seed: int = 1) -> Path:
@@ -102,8 +102,8 @@ class Setup:
         texts = greedy_texts(model, [self.prompt[:length] for length in (4, 8, len(self.prompt))], max_tokens=24)
         # eagle_vocab drafts from the tokens of its texts only: p_draft is 0 on the rest of the vocabulary
         seen = sorted({token for text in texts for token in text})
-        for name, kind, num_heads, vocab in (("eagle", "eagle", 0, None), ("medusa", "medusa", K, None),
-                                             ("eagle_vocab", "eagle", 0, seen)):
+        for name, kind, num_heads, vocab in (("eagle", "eagle", 0, None), ("eagle3", "eagle3", 0, None),
+                                             ("medusa", "medusa", K, None), ("eagle_vocab", "eagle", 0, seen)):
             head = fitted_head_dir(root / name, kind, self.target, model, texts, steps=100, num_heads=num_heads,
                                    draft_vocab=vocab)
             self.speculative[name] = f"{kind}:{head}"

@@ -19,9 +19,12 @@ from specwise.sampling_params import SamplingParams
 from specwise.train.acceptance import held_out_acceptance
 from specwise.train.batch import make_batch
 from specwise.train.config import TrainConfig
+from specwise.train.corpus import read_corpus_texts
 from specwise.train.data import Corpus, record_features
 from specwise.train.draft import DraftObjective, spread_layers
 from specwise.train.eagle import EagleObjective, active_vocabulary
+from specwise.train.eagle3 import Eagle3Objective
+from specwise.models.eagle3 import default_aux_layers
 from specwise.train.loop import CHECKPOINT_FILE, Schedule, train
 from specwise.train.prompts import CATEGORIES, DATA_DIR, load_prompts, split_held_out
 from specwise.train.run import WORK_DIR, build_objective, prepare, run
@@ -109,6 +112,46 @@ def test_unrolled_eagle_chain_matches_the_paged_head(engine, target):
             assert torch.allclose(predicted, unrolled[step - 1], atol=1e-5), step
 
 
+def test_unrolled_eagle3_chain_matches_the_paged_head(engine, target):
+    """EAGLE-3's training graph, step by step, equals the paged head fed its own un-normed outputs."""
+    prompt = [256, 72, 105, 33, 32]
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24), request_id="seq3")
+    while engine.has_unfinished():
+        for output in engine.step():
+            pass
+    sequence = output.prompt_token_ids + output.output_token_ids
+    layers = default_aux_layers(engine.model.config.num_hidden_layers)
+    corpus = record_features(engine.model, torch.float32, [sequence], [len(prompt)], [True], [0], ["only"], layers)
+    torch.manual_seed(0)
+    objective = Eagle3Objective(engine.model, {}, torch.arange(258), layers)
+    head = objective.module.eval()
+    for param in head.parameters():                        # a random head: every tensor matters
+        torch.nn.init.normal_(param, mean=1.0 if param.dim() == 1 else 0.0, std=0.1)
+    batch = make_batch(corpus, [0])
+    start, first = 8, 6
+    unrolled = [normed[0, start - (first if step > 1 else 0)].detach() for step, _, normed in
+                objective.steps(batch, 3, lambda step, first, count: batch.shifted("target_next", first + step - 1,
+                                                                                   count), first_chain=first)]
+    cache = torch.zeros(1, 2, 2, 64, 16)
+    aux, tokens = batch.aux[0], batch.token_ids[0]
+    embed = engine.model.embed_tokens.weight
+    with torch.no_grad():
+        rows = torch.arange(start + 1)
+        with step_metadata(AttentionMetadata(rows, [PrefillChunk(0, start + 1)], [])):
+            normed, fed = head.step(head.fuse(aux[rows]), embed[tokens[rows + 1]], rows, cache)
+        assert torch.allclose(normed[-1], unrolled[0], atol=1e-5)
+        fed = fed[-1:]
+        for step in (2, 3):
+            position = start + step - 1
+            token = batch.target_next[0, position]
+            visible = torch.zeros(1, 1, 64).masked_fill(torch.arange(64) > position, float("-inf"))
+            metadata = AttentionMetadata(torch.tensor([position]), [], [
+                CachedGroup(torch.tensor([0]), torch.tensor([[0]]), visible, 1, 64)])
+            with step_metadata(metadata):
+                normed, fed = head.step(fed, embed[token][None], torch.tensor([position]), cache)
+            assert torch.allclose(normed[0], unrolled[step - 1], atol=1e-5), step
+
+
 def test_draft_chains_of_the_target_itself_are_its_greedy_continuation(engine):
     corpus, sequence = one_sequence_corpus(engine, [256, 72, 101, 108, 108, 111])
     objective = DraftObjective(engine.model, engine.tokenizer, torch.arange(258), num_layers=2)
@@ -142,7 +185,7 @@ def test_the_built_in_prompts_are_not_the_evaluation_suite():
     assert sorted(path.stem for path in DATA_DIR.glob("*.jsonl")) == sorted(CATEGORIES)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa", "draft"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "draft"])
 def test_a_few_steps_lower_the_loss(tmp_path, cached_work, data_file, target, kind):
     config = settings(out_dir(tmp_path, cached_work), data_file, kind=kind, epochs=3, draft_layers=1)
     prepared = prepare(config, target)
@@ -157,7 +200,7 @@ def test_a_few_steps_lower_the_loss(tmp_path, cached_work, data_file, target, ki
     assert after < before * 0.9, (before, after)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
 def test_the_output_is_a_loadable_drafter_with_its_card(tmp_path, cached_work, data_file, target, kind):
     out = run(settings(out_dir(tmp_path, cached_work), data_file, kind=kind), target, log=lambda _: None)
     drafter, head = load_drafter(out, target.config, target.tokenizer, torch.float32)
@@ -258,5 +301,65 @@ def test_the_command_reports_bad_flags_in_one_line(tmp_path, capsys):
     assert main(["train-drafter", "--kind", "eagle", "--out", str(tmp_path), "--data",
                  str(tmp_path / "missing.jsonl")]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert errors[0] == "specwise: error: --kind must be one of eagle, medusa, draft, got 'tree'"
+    assert errors[0] == "specwise: error: --kind must be one of eagle, eagle3, medusa, draft, got 'tree'"
     assert errors[1].startswith("specwise: error:") and "missing.jsonl: no such workload file" in errors[1]
+
+
+def test_an_eagle3_recording_serves_an_eagle_run_too(tmp_path, cached_work, data_file, target, monkeypatch):
+    """eagle3 records the features with its residual streams; a later eagle run reads them instead of
+    recording again, and gets the same features without the streams."""
+    out = out_dir(tmp_path, cached_work)
+    plain = prepare(settings(out, data_file), target).corpus
+    next(out.glob(f"{WORK_DIR}/data-*/features.safetensors")).unlink()
+    with_layers = prepare(settings(out, data_file, kind="eagle3"), target).corpus
+    assert with_layers.aux.shape == (len(plain.token_ids), 3 * target.config.hidden_size)
+    monkeypatch.setattr("specwise.train.data.record_features", lambda *_: pytest.fail("recorded again"))
+    reread = prepare(settings(out, data_file), target).corpus
+    assert reread.aux is None and torch.equal(reread.features, plain.features)
+
+
+def test_corpus_rows_become_pieces_in_file_order_up_to_the_token_cap(tmp_path, target):
+    tokenizer = target.tokenizer
+    path = tmp_path / "corpus.jsonl"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
+    path.write_text(json.dumps({"text": "abcdefghij"}) + "\n\n" + json.dumps({"messages": chat}) + "\n" +
+                    json.dumps({"text": "never read"}) + "\n")
+    text_ids = tokenizer.encode("abcdefghij")                                 # 11 tokens: pieces of 4, 4, 3
+    chat_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=False)
+    cap = len(text_ids) + 5
+    pieces = read_corpus_texts(path, tokenizer, cap, max_len=4)
+    # the chat's 5 tokens make pieces of 4 and 1: a piece of one token holds no pair and is dropped
+    assert [t for piece in pieces for t in piece] == text_ids + chat_ids[:4]
+    assert all(2 <= len(piece) <= 4 for piece in pieces)
+
+
+@pytest.mark.parametrize("row, problem", [("{not json", "not JSON"), ('{"text": 3}', 'needs "text"'),
+                                          ('{"messages": [{"role": "user"}]}', 'needs "text"')])
+def test_a_bad_corpus_row_is_one_line_naming_it(tmp_path, target, row, problem):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"text": "fine"}) + "\n" + row + "\n")
+    with pytest.raises(InputError, match=f"corpus.jsonl:2: .*{problem}") as error:
+        read_corpus_texts(path, target.tokenizer, 1000, 64)
+    assert "\n" not in str(error.value)
+
+
+def test_a_corpus_is_trained_on_as_it_is_beside_the_answers(tmp_path, cached_work, data_file, target):
+    """--corpus: the texts are added as sequences of their own (category corpus, never held out), the target's
+    features and greedy tokens recorded over them; the answers to --data are the cached ones."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": f"Document {i}: plain text the target never wrote."}) + "\n"
+                            for i in range(3)))
+    out = out_dir(tmp_path, cached_work)
+    plain = prepare(settings(out, data_file), target)
+    mixed = prepare(settings(out, data_file, corpus=str(path)), target)
+    assert mixed.data_key != plain.data_key
+    corpus = mixed.corpus
+    index = corpus.categories.index("corpus")
+    texts = [s for s in range(corpus.num_seqs) if int(corpus.category[s]) == index]
+    assert len(texts) == 3 and not any(bool(corpus.held_out[s]) for s in texts)
+    assert corpus.token_ids[corpus.rows(texts[0])].tolist() == target.tokenizer.encode(
+        "Document 0: plain text the target never wrote.")
+    assert corpus.num_seqs == plain.corpus.num_seqs + 3 and corpus.split(True) == plain.corpus.split(True)
+    state = run(settings(out, data_file, corpus=str(path), epochs=1), target, log=lambda _: None)
+    card = (state / "README.md").read_text()
+    assert "tokens of corpus.jsonl read as they are" in card

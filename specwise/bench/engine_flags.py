@@ -11,8 +11,10 @@ vLLM: `--speculative-config JSON`:
                     (+ "suffix_decoding_max_cached_requests": 0 when T is 0: vLLM bounds its global
                     cache in requests, not tokens; left at its default otherwise)
   draft:MODEL @k    {"method": "draft_model", "model": MODEL, "num_speculative_tokens": k}
-  eagle:MODEL, eagle3:MODEL @k   {"method": "eagle" | "eagle3", "model": MODEL, ...}: a checkpoint in
-                    the server's format, for arms the engine runs (`checkpoint="server"`).
+  eagle:MODEL, eagle3:MODEL, medusa:MODEL @k   {"method": "eagle" | "eagle3" | "medusa", "model": MODEL,
+                    ...}: a checkpoint in the server's format, for arms the engine runs (`checkpoint="server"`;
+                    an engine arm's eagle:DIR / medusa:DIR naming our own head is exported first and
+                    given the export: bench/launch/exports.py).
   our eagle:DIR / medusa:DIR heads (`checkpoint="specwise"`): {"method": "eagle" | "medusa", "model":
                     DIR/export-vllm, ...}, the directory `specwise export-drafter DIR --format vllm`
                     (or train-drafter --export vllm) writes; SGLang cannot hold them (a note says
@@ -36,11 +38,12 @@ from specwise.errors import ConfigError
 from specwise.models.export_formats import SGLANG_REFUSALS, VLLM_METHODS, export_dir
 
 ENGINES = ("vllm", "sglang")
-SERVER_METHODS = ("ngram", "suffix", "draft", "eagle", "eagle3")    # what an engine arm may run (and off)
-SERVER_FORMS = "off, ngram[:MIN-MAX], suffix[:D[:T]], draft:MODEL, eagle:MODEL or eagle3:MODEL (each @k optional)"
-_VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3"}
+SERVER_METHODS = ("ngram", "suffix", "draft", "eagle", "eagle3", "medusa")   # what an engine arm may run (and off)
+SERVER_FORMS = ("off, ngram[:MIN-MAX], suffix[:D[:T]], draft:MODEL, eagle:MODEL, eagle3:MODEL or medusa:MODEL "
+                "(MODEL: the server's checkpoint or a specwise head's directory; each @k optional)")
+_VLLM_METHODS = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}
 _SGLANG_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
-HEADS = ("eagle", "medusa")         # our heads: served from their exported directory
+HEADS = ("eagle", "eagle3", "medusa")     # our heads: served from their exported directory
 _EXPORT_FIRST = ("export the head's directory first: specwise export-drafter DIR --format vllm --out OUT, then "
                  "{{\"method\": \"{}\", \"model\": OUT}} (the built-in head's DIR is "
                  "specwise/models/heads/<target>/{})")
@@ -51,6 +54,7 @@ NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-
                                       "the closest there is a small draft model or EAGLE heads.",
                         "eagle": _EXPORT_FIRST.format("eagle", "eagle"),
                         "medusa": _EXPORT_FIRST.format("medusa", "medusa"),
+                        "eagle3": _EXPORT_FIRST.format("eagle3", "eagle3"),
                         "lookahead": "vLLM and SGLang have no lookahead decoding; TensorRT-LLM has it "
                                      "(config below); the closest in vLLM/SGLang is ngram (prompt lookup)."}
 
@@ -89,6 +93,8 @@ def sglang_flags(spec: str | None, method: str, k: int, checkpoint: str = "specw
     argument = (spec or "").partition(":")[2].strip()
     if method == "ngram":
         return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1)]
+    if method not in _SGLANG_ALGORITHMS:
+        return None
     if _takes_checkpoint(method, checkpoint) and argument:
         return ["--speculative-algorithm", _SGLANG_ALGORITHMS[method], "--speculative-draft-model-path", argument,
                 "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
@@ -127,4 +133,4 @@ def command_text(words: list[str]) -> str:
 def _takes_checkpoint(method: str, checkpoint: str) -> bool:
     if method == "draft":
         return True
-    return method in ("eagle", "eagle3") and checkpoint == "server"
+    return method in ("eagle", "eagle3", "medusa") and checkpoint == "server"

@@ -6,7 +6,9 @@ endpoint that cannot be reached stops the command before anything is measured.
 
 Launched arms (--engine vllm|sglang): one server per --methods arm, started and stopped by
 this run (bench/launch/), paired side by side or in blocks; their commands, versions and
-logs are kept in run.json "launch" and servers/<arm>.log.
+logs are kept in run.json "launch" and servers/<arm>.log. An arm naming our own head
+(eagle:DIR, medusa:DIR) is exported to the engine's format first (bench/launch/exports.py,
+run.json "launch" "exports").
 
 An interrupted run (Ctrl-C, SIGTERM with launched servers) keeps every finished request;
 run.json is marked interrupted and the report is rendered from what finished. No launched
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specwise.bench.config import DEFAULT_METHODS, EvaluateConfig
+from specwise.bench.launch.exports import check_exports, exported_specs, plan_exports, run_exports
 from specwise.bench.launch.pool import LaunchSettings, ServerExited, ServerPool
 from specwise.bench.launch.server import LaunchError, interrupt_on_sigterm, stop_all
 from specwise.bench.load.arms import ArmSpec, parse_endpoints, parse_engine_methods, parse_methods
@@ -74,11 +77,18 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
     results_dir = _results_dir(config.output)
     pool = None
     if launch is not None:
+        exports = plan_exports(specs, launch.engine, results_dir)
+        check_exports(exports)
+        specs = exported_specs(specs, exports)
         pool = ServerPool(launch, [spec for spec in specs if spec.engine], results_dir)
         if launch.dry_run:
             notes = [f"# {pool.kv_note}"] if pool.kv_note else []
-            return Outcome(results_dir, None, commands=[f"{name}: {command.text()}"
-                                                        for name, command in pool.commands.items()] + notes)
+            return Outcome(results_dir, None, commands=[export.text() for export in exports] + [
+                f"{name}: {command.text()}" for name, command in pool.commands.items()] + notes)
+        for export in exports:
+            print(f"specwise: {export.text()}", file=sys.stderr, flush=True)
+        run_exports(exports, launch.model)
+        pool.info["exports"] = [dataclasses.asdict(export) for export in exports]
     blocks = launch.blocks if pool is not None and pool.pairing == "blocks" else None
     settle = 0.0 if config.settle is None and launch and (launch.cores or launch.devices) else config.settle
     schedule = choose_schedule(config.schedule, specs, config.round_size, settle, blocks)

@@ -92,6 +92,7 @@ class LLMEngine:
         if self.scheduler.has_unfinished():
             raise RuntimeError("change speculation only while no request is in flight")
         self.runner.feature_observers = []          # the previous drafter's, if it read features
+        self.runner.feature_layers = []
         context = ProposerContext(self.runner, self.tokenizer, self.dtype, self.config.device, self.max_model_len)
         spec_config = SpeculativeConfig.parse(speculative, num_speculative_tokens)
         self.proposer = build_proposer(spec_config, context)

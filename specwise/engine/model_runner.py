@@ -61,6 +61,8 @@ class ModelRunner:
         self.prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
         # drafters that read the target's features (step_features.py); empty: nothing is kept
         self.feature_observers: list[Callable[[StepFeatures], None]] = []
+        # layer ids whose residual streams they read too (EAGLE-3); the target then runs eager
+        self.feature_layers: list[int] = []
 
     def warm_up(self, num_layers: int) -> None:
         """Compile now (under --compile) the graphs of a forward through the first num_layers layers. Only while
@@ -86,10 +88,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
-                      num_layers: int | None = None, trees: list[DraftTree | None] | None = None) -> torch.Tensor:
-        """The final-normed hidden state (feature) of every fed token, [sum(len(run)), hidden]."""
+                      num_layers: int | None = None, trees: list[DraftTree | None] | None = None,
+                      residuals: dict | None = None) -> torch.Tensor:
+        """The final-normed hidden state (feature) of every fed token, [sum(len(run)), hidden]; residuals:
+        the layers' residual streams are stored in it too (LlamaForCausalLM.forward), by the eager model."""
         input_ids, positions, metadata = self.prepare(token_ids, start_positions, block_tables, trees)
         with step_metadata(metadata):
+            if residuals is not None:
+                return self.model(input_ids, positions, self.kv_cache, num_layers, residuals)
             return self.forward_fn(input_ids, positions, self.kv_cache, num_layers)
 
     @torch.inference_mode()
@@ -179,9 +185,12 @@ class ModelRunner:
             num_logits[index] = len(token_ids[index]) - batch.num_new_tokens[index] + 1
         prompt_rows = [self._prompt_rows(seq, count) for seq, count in zip(seqs, batch.num_new_tokens)]
         starts, run_lengths = [seq.num_computed_tokens for seq in seqs], [len(run) for run in token_ids]
-        hidden = self.hidden_states(token_ids, starts, [seq.block_table for seq in seqs], trees=trees)  # [rows, hidden]
+        residuals = dict.fromkeys(self.feature_layers) if self.feature_observers and self.feature_layers else None
+        hidden = self.hidden_states(token_ids, starts, [seq.block_table for seq in seqs], trees=trees,
+                                    residuals=residuals)                                    # [rows, hidden]
         if self.feature_observers:
-            features = StepFeatures(seqs, starts, run_lengths, hidden)
+            layers = torch.cat([residuals[i] for i in self.feature_layers], dim=-1) if residuals else None
+            features = StepFeatures(seqs, starts, run_lengths, hidden, layers)
             for observe in self.feature_observers:
                 observe(features)
         logits = self.logits_at(hidden, run_lengths,

@@ -31,9 +31,16 @@ class StepFeatures:
     start_positions: list[int]      # position of each sequence's first fed token
     num_tokens: list[int]           # tokens fed per sequence (drafts included)
     hidden: torch.Tensor            # [sum(num_tokens), hidden_size], rows in batch order
+    # the residual streams of the observed layers (ProposerContext.observe_features(layers=...)), side by
+    # side: [sum(num_tokens), len(layers) * hidden_size]; None when no observer asked for any
+    layers: torch.Tensor | None = None
 
     def __iter__(self):
         """(seq, first position, features [n, hidden]) per sequence."""
+        return self.rows(self.hidden)
+
+    def rows(self, tensor: torch.Tensor):
+        """(seq, first position, tensor's rows of that sequence) per sequence, for hidden or layers."""
         offsets = [0, *itertools.accumulate(self.num_tokens)]
         for seq, position, start, end in zip(self.seqs, self.start_positions, offsets, offsets[1:]):
-            yield seq, position, self.hidden[start:end]
+            yield seq, position, tensor[start:end]

@@ -1,8 +1,8 @@
 """A trained drafting head on disk: the directory `specwise train-drafter` writes and
 `--speculative eagle:DIR` / `medusa:DIR` reads.
 
-    DIR/drafter.json        {"format": "specwise-drafter", "version": 1, "kind": "eagle" | "medusa",
-                             "num_heads": k (medusa), "target": {hidden_size, vocab_size, ...,
+    DIR/drafter.json        {"format": "specwise-drafter", "version": 1, "kind": "eagle" | "eagle3" | "medusa",
+                             "num_heads": k (medusa), "aux_layers": [low, mid, high] (eagle3), "target": {hidden_size, vocab_size, ...,
                              "tokenizer_sha256"}, "training": {...free-form facts},
                              "draft_vocab": [token ids] or null (optional: the tokens it drafts)}
     DIR/model.safetensors   the head's parameters only (the target's embedding and LM head are reused)
@@ -25,12 +25,14 @@ from torch import nn
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle import EagleHead
+from specwise.models.eagle3 import NUM_AUX_LAYERS, Eagle3Head
+from specwise.models.export_formats import DRAFTER_CONFIG
 from specwise.models.medusa import MedusaHeads
 from specwise.models.tokenizer import Tokenizer
 
 FORMAT, VERSION = "specwise-drafter", 1
-KINDS = ("eagle", "medusa")
-CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "drafter.json", "model.safetensors", "README.md"
+KINDS = ("eagle", "eagle3", "medusa")
+CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = DRAFTER_CONFIG, "model.safetensors", "README.md"
 SIGNATURE_FIELDS = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "intermediate_size", "head_dim")
 
@@ -45,12 +47,18 @@ class DrafterConfig:
     # for the whole vocabulary: the engine then runs the LM head over these rows only, a fraction of
     # its cost, and never drafts another token (lossless: the verifier samples those itself)
     draft_vocab: list[int] | None = None
+    # eagle3: the target's layer ids whose residual streams it fuses (models/eagle3.py), low to high
+    aux_layers: list[int] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"drafter kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.kind == "medusa" and self.num_heads < 1:
             raise ValueError(f"a medusa drafter needs num_heads >= 1, got {self.num_heads}")
+        if self.kind == "eagle3" and (not isinstance(self.aux_layers, list) or len(self.aux_layers) != NUM_AUX_LAYERS
+                                      or not all(isinstance(i, int) and i >= 0 for i in self.aux_layers)):
+            raise ValueError(f"an eagle3 drafter needs aux_layers: {NUM_AUX_LAYERS} layer ids >= 0, "
+                             f"got {self.aux_layers!r}")
         if self.draft_vocab is not None:
             if not self.draft_vocab or not all(isinstance(token, int) and token >= 0 for token in self.draft_vocab):
                 raise ValueError("draft_vocab must be a non-empty list of token ids >= 0")
@@ -72,6 +80,8 @@ def build_head(drafter: DrafterConfig, target: ModelConfig, max_positions: int |
     """A freshly initialised head of this kind for this target."""
     if drafter.kind == "eagle":
         return EagleHead(target, max_positions)
+    if drafter.kind == "eagle3":
+        return Eagle3Head(target, max_positions)
     return MedusaHeads(target.hidden_size, drafter.num_heads)
 
 
@@ -106,7 +116,8 @@ def read_drafter_config(directory: str | Path) -> DrafterConfig:
         raise ModelLoadError(path, f"drafter format version {raw.get('version')!r}, this specwise reads {VERSION}")
     try:
         return DrafterConfig(kind=raw["kind"], target=dict(raw["target"]), num_heads=int(raw.get("num_heads", 0)),
-                             training=dict(raw.get("training", {})), draft_vocab=raw.get("draft_vocab"))
+                             training=dict(raw.get("training", {})), draft_vocab=raw.get("draft_vocab"),
+                             aux_layers=raw.get("aux_layers"))
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(path, f"bad drafter config: {e}") from None
 
@@ -119,6 +130,9 @@ def check_target(drafter: DrafterConfig, target: ModelConfig, tokenizer: Tokeniz
             what = "tokenizer (vocabulary fingerprint)" if name == "tokenizer_sha256" else name
             raise ModelLoadError(path, f"this {drafter.kind} drafter was trained for another target: its {what} "
                                        f"is {drafter.target.get(name)!r}, the target's is {expected[name]!r}")
+    if drafter.aux_layers is not None and max(drafter.aux_layers) > target.num_hidden_layers:
+        raise ModelLoadError(path, f"aux_layers {drafter.aux_layers} name a layer past the target's "
+                                   f"{target.num_hidden_layers}")
     if drafter.draft_vocab is not None and drafter.draft_vocab[-1] >= target.vocab_size:
         raise ModelLoadError(path, f"draft_vocab holds token id {drafter.draft_vocab[-1]}, outside the target's "
                                    f"vocabulary of {target.vocab_size}")

@@ -3,6 +3,7 @@
     eagle  -> vLLM: EagleMistralForCausalLM (vllm_eagle.py); the draft vocabulary, which vLLM's EAGLE
               path cannot hold, is expanded to the full vocabulary (drafts may then differ where the
               full vocabulary's argmax lies outside it)
+    eagle3 -> vLLM: Eagle3LlamaForCausalLM (vllm_eagle3.py), draft vocabulary kept (its LM head + d2t)
     medusa -> vLLM: MedusaModel (vllm_medusa.py); the draft vocabulary expanded too (vLLM 0.32.0 fails
               to load the token_map its format has for it)
     draft  -> vLLM and SGLang: the HF directory as it is (vLLM's method draft_model, SGLang's STANDALONE)
@@ -30,6 +31,7 @@ from specwise.models.drafter_checkpoint import CARD_FILE, CONFIG_FILE, WEIGHTS_F
 from specwise.models.export_formats import EXPORT_FORMATS, SGLANG_COMMIT, SGLANG_REFUSALS, VLLM_METHODS, VLLM_VERSION
 from specwise.models.loader import Checkpoint
 from specwise.models.vllm_eagle import write_eagle
+from specwise.models.vllm_eagle3 import write_eagle3
 from specwise.models.vllm_medusa import write_medusa
 
 VOCABULARY_REASONS = {          # why a draft vocabulary cannot be kept, per kind
@@ -116,11 +118,16 @@ def _write(directory: Path, kind: str, fmt: str, staging: Path, target: Checkpoi
     else:
         drafter, head = load_drafter(directory, target.config, target.tokenizer, torch.float32)
         dtype = stored_dtype(directory / WEIGHTS_FILE)
-        if drafter.draft_vocab is not None:
+        if drafter.draft_vocab is not None and kind in VOCABULARY_REASONS:
             export.notes.append(f"draft vocabulary of {len(drafter.draft_vocab)} tokens expanded to the full "
                                 f"{target.config.vocab_size}: {VOCABULARY_REASONS[kind]}")
         if kind == "eagle":
             write_eagle(staging, head, dtype)
+        elif kind == "eagle3":
+            if len(set(drafter.aux_layers)) != len(drafter.aux_layers):
+                raise ConfigError(f"{directory}: aux_layers {drafter.aux_layers} repeat a layer, and vLLM reads "
+                                  f"each layer once: this eagle3 head cannot be exported for vLLM")
+            write_eagle3(staging, head, drafter.aux_layers, target_lm_head(target), drafter.draft_vocab, dtype)
         else:
             write_medusa(staging, head, target_lm_head(target), dtype)
     (staging / CARD_FILE).write_text(export_card(directory, kind, fmt, export.notes))
@@ -163,6 +170,7 @@ def launch_setting(kind: str, fmt: str, out: Path) -> str:
 def export_card(directory: Path, kind: str, fmt: str, notes: list[str]) -> str:
     engine = f"vLLM {VLLM_VERSION}" if fmt == "vllm" else f"SGLang (commit {SGLANG_COMMIT})"
     what = {"eagle": "an EAGLE head as vLLM's EagleMistralForCausalLM (method eagle)",
+            "eagle3": "an EAGLE-3 head as vLLM's Eagle3LlamaForCausalLM (method eagle3)",
             "medusa": "Medusa heads as vLLM's MedusaModel (method medusa)",
             "draft": "a distilled draft model, a Hugging Face directory"}[kind]
     lines = [f"# {kind} drafter exported for {engine}", "",

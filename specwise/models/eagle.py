@@ -49,5 +49,16 @@ class EagleHead(nn.Module):
         rope = self.rotary(positions, hidden.dtype)
         return self.norm(self.layer(hidden, rope, kv_cache))
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The first step's input from the target's features: f_t itself (EAGLE-3 fuses three layers here)."""
+        return features
+
+    def step(self, features: torch.Tensor, embeddings: torch.Tensor, positions: torch.Tensor,
+             kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the LM head drafts from, what is fed back): both f̂_{t+1} (the engine's drafting protocol,
+        shared with eagle3.py's head)."""
+        predicted = self(features, embeddings, positions, kv_cache)
+        return predicted, predicted
+
     def parameter_names(self) -> list[str]:
         return [name for name, _ in self.named_parameters()]

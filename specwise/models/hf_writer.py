@@ -105,10 +105,13 @@ def write_hf_dir(out: str | Path, config: ModelConfig, weights: dict[str, torch.
     return out
 
 
-def write_checkpoint(out: Path, tensors: dict[str, torch.Tensor], config: dict, dtype: torch.dtype) -> None:
-    """config.json and model.safetensors (every tensor in dtype) into the directory out."""
-    save_file({name: tensor.to(dtype).contiguous() for name, tensor in tensors.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+def write_checkpoint(out: Path, tensors: dict[str, torch.Tensor], config: dict, dtype: torch.dtype,
+                     exact: dict[str, torch.Tensor] | None = None) -> None:
+    """config.json and model.safetensors (every tensor in dtype; `exact` ones as they are, e.g. int64 ids)
+    into the directory out."""
+    weights = {name: tensor.to(dtype).contiguous() for name, tensor in tensors.items()}
+    weights.update({name: tensor.contiguous() for name, tensor in (exact or {}).items()})
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 

@@ -105,17 +105,23 @@ class LlamaForCausalLM(nn.Module):
                                       config.rope_theta, config.rope_scaling)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                num_layers: int | None = None) -> torch.Tensor:
+                num_layers: int | None = None, residuals: dict[int, torch.Tensor | None] | None = None) -> torch.Tensor:
         """input_ids, positions [num_tokens] (flat, see attention.py) -> final-normed hidden states
         [num_tokens, hidden]. kv_cache [layers, 2, kv_heads, num_slots, head_dim]; the step's attention
         metadata is set around the call (`with step_metadata(metadata):`).
 
-        `num_layers` runs only the first layers (self-speculative drafting).
+        `num_layers` runs only the first layers (self-speculative drafting). `residuals` (EAGLE-3): for each
+        layer id L among its keys, the residual stream after the first L layers ([num_tokens, hidden], L = 0
+        the embeddings) is stored under L.
         """
         hidden = self.embed_tokens(input_ids)
         rope = self.rotary(positions, hidden.dtype)
-        for layer in self.layers[:num_layers]:
+        if residuals is not None and 0 in residuals:
+            residuals[0] = hidden
+        for index, layer in enumerate(self.layers[:num_layers]):
             hidden = layer(hidden, rope, kv_cache)
+            if residuals is not None and index + 1 in residuals:
+                residuals[index + 1] = hidden
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

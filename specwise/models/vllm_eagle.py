@@ -108,27 +108,23 @@ def read_eagle(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, weights
 
 
-def exported_eagle_forward(config: dict, weights: dict[str, torch.Tensor], features: torch.Tensor,
-                           embeddings: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """What vLLM's EagleMistralForCausalLM computes for one sequence, from the files alone, in fp32:
-    embeddings of x_{t+1} and target features f_t [n, hidden] at positions t [n] (causal over the n rows)
-    -> the draft's hidden states [n, hidden], which the target's LM head turns into draft logits."""
-    w = {name: tensor.float() for name, tensor in weights.items()}
-    eps, head_dim = config["rms_norm_eps"], config["head_dim"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
-    def rms_norm(x, weight):
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
-    def linear(x, name):
-        return F.linear(x, w[name + ".weight"], w.get(name + ".bias"))
+def linear(w: dict[str, torch.Tensor], x: torch.Tensor, name: str) -> torch.Tensor:
+    return F.linear(x, w[name + ".weight"], w.get(name + ".bias"))
 
-    x = linear(torch.cat([embeddings.float(), features.float()], dim=-1), "model.fc")
+
+def attention_rows(config: dict, w: dict[str, torch.Tensor], prefix: str, x: torch.Tensor,
+                   positions: torch.Tensor) -> torch.Tensor:
+    """A Llama layer's attention as vLLM runs it, causal over the n rows of one sequence, fp32: its
+    input x [n, width] at positions [n] -> o_proj's output [n, hidden] (prefix: "model.layers.0." ...)."""
+    head_dim, heads, kv_heads = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
     n = x.shape[0]
-    normed = rms_norm(x, w[LAYER + "input_layernorm.weight"])
-    q = linear(normed, LAYER + "self_attn.q_proj").view(n, heads, head_dim)
-    k = linear(normed, LAYER + "self_attn.k_proj").view(n, kv_heads, head_dim)
-    v = linear(normed, LAYER + "self_attn.v_proj").view(n, kv_heads, head_dim)
+    q = linear(w, x, prefix + "self_attn.q_proj").view(n, heads, head_dim)
+    k = linear(w, x, prefix + "self_attn.k_proj").view(n, kv_heads, head_dim)
+    v = linear(w, x, prefix + "self_attn.v_proj").view(n, kv_heads, head_dim)
     inv_freq = inverse_frequencies(head_dim, config["rope_theta"], config.get("rope_scaling")).float()
     angles = positions.double().unsqueeze(-1).float() * inv_freq                  # [n, head_dim / 2]
     cos, sin = torch.cat([angles, angles], -1).cos()[:, None], torch.cat([angles, angles], -1).sin()[:, None]
@@ -140,8 +136,22 @@ def exported_eagle_forward(config: dict, weights: dict[str, torch.Tensor], featu
     q, k = rotate(q), rotate(k)
     k, v = k.repeat_interleave(heads // kv_heads, dim=1), v.repeat_interleave(heads // kv_heads, dim=1)
     attn = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
-    x = x + linear(attn.transpose(0, 1).reshape(n, heads * head_dim), LAYER + "self_attn.o_proj")
-    normed = rms_norm(x, w[LAYER + "post_attention_layernorm.weight"])
-    x = x + linear(F.silu(linear(normed, LAYER + "mlp.gate_proj")) * linear(normed, LAYER + "mlp.up_proj"),
-                   LAYER + "mlp.down_proj")
-    return rms_norm(x, w["model.norm.weight"])
+    return linear(w, attn.transpose(0, 1).reshape(n, heads * head_dim), prefix + "self_attn.o_proj")
+
+
+def mlp_rows(w: dict[str, torch.Tensor], prefix: str, x: torch.Tensor) -> torch.Tensor:
+    return linear(w, F.silu(linear(w, x, prefix + "mlp.gate_proj")) * linear(w, x, prefix + "mlp.up_proj"),
+                  prefix + "mlp.down_proj")
+
+
+def exported_eagle_forward(config: dict, weights: dict[str, torch.Tensor], features: torch.Tensor,
+                           embeddings: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """What vLLM's EagleMistralForCausalLM computes for one sequence, from the files alone, in fp32:
+    embeddings of x_{t+1} and target features f_t [n, hidden] at positions t [n] (causal over the n rows)
+    -> the draft's hidden states [n, hidden], which the target's LM head turns into draft logits."""
+    w = {name: tensor.float() for name, tensor in weights.items()}
+    eps = config["rms_norm_eps"]
+    x = linear(w, torch.cat([embeddings.float(), features.float()], dim=-1), "model.fc")
+    x = x + attention_rows(config, w, LAYER, rms_norm(x, w[LAYER + "input_layernorm.weight"], eps), positions)
+    x = x + mlp_rows(w, LAYER, rms_norm(x, w[LAYER + "post_attention_layernorm.weight"], eps))
+    return rms_norm(x, w["model.norm.weight"], eps)

@@ -17,6 +17,7 @@ class Batch:
     target_next: torch.Tensor   # [B, L] long: the target's greedy token after position t
     lengths: torch.Tensor       # [B]
     response_start: torch.Tensor  # [B]
+    aux: torch.Tensor | None = None     # [B, L, 3 * hidden] fp32: eagle3's residual streams (data.py)
 
     def valid(self, count: int, offset: int = 0) -> torch.Tensor:
         """[B, count] bool: position offset + c exists in its sequence."""
@@ -40,13 +41,17 @@ def make_batch(corpus: Corpus, seqs: list[int], with_features: bool = True) -> B
     target_next = torch.zeros(len(seqs), longest, dtype=torch.long)
     hidden = corpus.features.shape[1]
     features = torch.zeros(len(seqs), longest if with_features else 0, hidden)
+    with_aux = with_features and corpus.aux is not None
+    aux = torch.zeros(len(seqs), longest, corpus.aux.shape[1]) if with_aux else None
     for row, seq in enumerate(seqs):
         rows, length = corpus.rows(seq), corpus.length(seq)
         token_ids[row, :length] = corpus.token_ids[rows].long()
         target_next[row, :length] = corpus.target_next[rows].long()
         if with_features:
             features[row, :length] = corpus.features[rows].float()
-    return Batch(token_ids, features, target_next, lengths, corpus.response_start[seqs])
+        if with_aux:
+            aux[row, :length] = corpus.aux[rows].float()
+    return Batch(token_ids, features, target_next, lengths, corpus.response_start[seqs], aux)
 
 
 class Objective(Protocol):

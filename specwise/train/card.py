@@ -14,6 +14,9 @@ def model_card(training: dict) -> str:
              *[f"| {name} | {count} |" for name, count in data["prompts_per_category"].items()], "",
              f"Tokens (prompt + response): {data['train_tokens']:,} trained on, {data['held_out_tokens']:,} held out; "
              f"at most {settings['max_tokens']} response tokens per prompt.", "",
+             *([f"Also {data['corpus']['tokens']:,} tokens of {data['corpus']['file']} read as they are (--corpus: "
+                f"the target's features over them, its greedy token at each position as the label; no generation).",
+                ""] if data.get("corpus") else []),
              "## Training", "",
              f"{training['steps']} AdamW steps ({settings['epochs']} epochs of about {settings['batch_tokens']} "
              f"tokens per step), peak learning rate {settings['lr']}, warm-up {settings['warmup_steps']} steps "
@@ -22,6 +25,9 @@ def model_card(training: dict) -> str:
                 f"{settings['feature_noise']}, feature-regression weight {settings['feature_weight']}, layer "
                 f"initialised {'from the target’s last decoder layer' if settings['init_from_target'] else 'at random'}."]
                if training["kind"] == "eagle" else []),
+             *([f"EAGLE-3: the target's residual streams after layers {training.get('aux_layers')} fused; "
+                f"{settings['unroll']} unrolled drafting step(s) in training, feature noise {settings['feature_noise']}, "
+                f"token cross entropy only."] if training["kind"] == "eagle3" else []),
              "",
              f"Wall time: {training['wall_seconds'] / 60:.1f} min of training ({training['data_seconds'] / 60:.1f} min "
              f"generating and recording data earlier, reused when cached) on {training['machine']}.", "",

@@ -6,13 +6,15 @@ from specwise.config import DTYPES, MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 from specwise.models.export_formats import EXPORT_FORMATS
 
-KINDS = ("eagle", "medusa", "draft")
+KINDS = ("eagle", "eagle3", "medusa", "draft")
 
 
 @dataclass
 class TrainConfig:
     kind: str = field(default="eagle", metadata={"help": "what to train: eagle (one decoder layer over the target's "
-                                                         "features), medusa (residual heads) or draft (a small model)"})
+                                                         "features), eagle3 (one decoder layer over three of its "
+                                                         "layers, fused), medusa (residual heads) or draft (a small "
+                                                         "model)"})
     out: str = field(default="", metadata={"help": "directory to write the drafter to (its work/ folder keeps data "
                                                    "and checkpoints)"})
     target: str | None = field(default=None, metadata={
@@ -20,6 +22,11 @@ class TrainConfig:
     data: str = field(default="suite", metadata={
         "help": "prompts: 'suite' (the built-in training prompts, disjoint from the evaluation suite) or a JSONL "
                 "workload file"})
+    corpus: str | None = field(default=None, metadata={
+        "help": "a JSONL of documents ({\"text\": ...}) or conversations ({\"messages\": [...]}) the target reads "
+                "as they are (its features over them by teacher-forced forwards, no generation), trained on "
+                "together with the self-distilled answers to --data"})
+    corpus_tokens: int = field(default=1_000_000, metadata={"help": "most tokens read from --corpus (file order)"})
     resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in OUT/work"})
     seed: int = field(default=0, metadata={"help": "seed of the held-out split, data order, noise and initialisation"})
     num_threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's choice)"})
@@ -47,12 +54,13 @@ class TrainConfig:
     num_heads: int = field(default=4, metadata={"help": "medusa: heads (the largest k it drafts)"})
     draft_layers: int = field(default=4, metadata={"help": "draft: decoder layers of the draft model (spread over "
                                                            "the target's, copied from it)"})
-    feature_noise: float = field(default=0.1, metadata={"help": "eagle: std of Gaussian noise on input features, "
-                                                                "relative to their RMS"})
-    unroll: int = field(default=2, metadata={"help": "eagle: drafting steps unrolled in training (1: teacher "
+    feature_noise: float = field(default=0.1, metadata={"help": "eagle, eagle3: std of Gaussian noise on input "
+                                                                "features, relative to their RMS"})
+    unroll: int = field(default=2, metadata={"help": "eagle, eagle3: drafting steps unrolled in training (1: teacher "
                                                      "forcing only; 2-3 feed predicted features back)"})
     feature_weight: float = field(default=1.0, metadata={"help": "eagle: weight of the feature regression "
-                                                                 "(smooth L1) next to the token cross entropy"})
+                                                                 "(smooth L1) next to the token cross entropy "
+                                                                 "(eagle3 regresses none)"})
     export: str | None = field(default=None, metadata={
         "help": f"also write the trained drafter in an engine's format ({', '.join(EXPORT_FORMATS)}) to "
                 f"OUT/export-FORMAT (as `specwise export-drafter OUT --format FORMAT` does)"})
@@ -73,7 +81,7 @@ class TrainConfig:
             raise ConfigError(f"--held-out must be in [0, 1), got {self.held_out}")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
-        for name in ("max_tokens", "generation_batch", "epochs", "batch_tokens", "checkpoint_every",
+        for name in ("max_tokens", "generation_batch", "corpus_tokens", "epochs", "batch_tokens", "checkpoint_every",
                      "eval_stride", "num_heads", "draft_layers", "unroll"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

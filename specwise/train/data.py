@@ -12,7 +12,11 @@ generation settings, so a rerun or `--resume` with the same ones reuses them):
       offsets       [num_seqs + 1] int64  sequence s is rows offsets[s] .. offsets[s+1]
       response_start [num_seqs] int64     first response position within the sequence
       held_out      [num_seqs] uint8      1: kept for the acceptance measured each epoch
-      category      [num_seqs] int64      index into meta.json's "categories"
+      category      [num_seqs] int64      index into meta.json's "categories" ("corpus": --corpus texts,
+                                          corpus.py, after the responses)
+      aux           [num_tokens, 3 * hidden] bf16 (eagle3 only): the residual streams after its three
+                    layers, side by side (models/eagle3.py); then in features-layers-L1-L2-L3.safetensors,
+                    recorded from the same cached responses
 
 Features come from teacher-forced forwards of the target over prompt + response (flat prefill
 chunks over a scratch KV cache, as the engine computes them, in the engine's dtype).
@@ -35,6 +39,7 @@ from specwise.sampling_params import SamplingParams
 
 FEATURES_FILE, RESPONSES_FILE, META_FILE = "features.safetensors", "responses.jsonl", "meta.json"
 FORWARD_TOKENS = 4096          # tokens per teacher-forced forward
+CORPUS_CATEGORY = "corpus"     # the category of --corpus texts
 
 
 @dataclass
@@ -48,6 +53,7 @@ class Corpus:
     held_out: torch.Tensor
     category: torch.Tensor
     categories: list[str]
+    aux: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -77,19 +83,34 @@ def data_key(requests: list[WorkloadRequest], signature: dict, settings: dict) -
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def features_file(aux_layers: list[int] | None) -> str:
+    return FEATURES_FILE if not aux_layers else f"features-layers-{'-'.join(map(str, aux_layers))}.safetensors"
+
+
 def build_corpus(engine: LLMEngine, requests: list[WorkloadRequest], held_out: list[bool], work: Path,
-                 max_tokens: int, temperature: float, seed: int) -> Corpus:
-    """Responses, then features, each read back from `work` when already there."""
+                 max_tokens: int, temperature: float, seed: int, aux_layers: list[int] | None = None,
+                 texts: list[list[int]] | None = None) -> Corpus:
+    """Responses, then features (and the aux_layers' residual streams), each read back from `work` when
+    already there. texts (--corpus, corpus.py): more sequences, taken as they are (category "corpus",
+    never held out, every position trained)."""
     work.mkdir(parents=True, exist_ok=True)
-    features_path = work / FEATURES_FILE
+    features_path = work / features_file(aux_layers)
     if features_path.is_file():
-        return read_corpus(work)
+        return read_corpus(work, aux_layers)
+    recorded_with_layers = sorted(work.glob(features_file([0]).replace("0", "*")))
+    if not aux_layers and recorded_with_layers:         # an eagle3 run recorded the features too
+        return read_corpus(work, None, recorded_with_layers[0].name)
     sequences, response_start = generate(engine, requests, work / RESPONSES_FILE, max_tokens, temperature, seed)
-    categories = sorted({r.category for r in requests})
-    corpus = record_features(engine.model, engine.dtype, sequences, response_start, held_out,
-                             [categories.index(r.category) for r in requests], categories)
-    tensors = {name: getattr(corpus, name).contiguous() for name in
-               ("token_ids", "features", "target_next", "offsets", "response_start", "held_out", "category")}
+    categories = sorted({r.category for r in requests} | ({CORPUS_CATEGORY} if texts else set()))
+    category = [categories.index(r.category) for r in requests]
+    if texts:
+        sequences, response_start = sequences + texts, response_start + [1] * len(texts)
+        held_out = list(held_out) + [False] * len(texts)
+        category = category + [categories.index(CORPUS_CATEGORY)] * len(texts)
+    corpus = record_features(engine.model, engine.dtype, sequences, response_start, held_out, category, categories,
+                             aux_layers)
+    names = ("token_ids", "features", "target_next", "offsets", "response_start", "held_out", "category")
+    tensors = {name: getattr(corpus, name).contiguous() for name in names + (("aux",) if aux_layers else ())}
     partial = features_path.with_name(features_path.name + ".partial")
     save_file(tensors, str(partial))
     (work / META_FILE).write_text(json.dumps({"categories": categories,
@@ -98,8 +119,10 @@ def build_corpus(engine: LLMEngine, requests: list[WorkloadRequest], held_out: l
     return corpus
 
 
-def read_corpus(work: Path) -> Corpus:
-    tensors = load_file(str(work / FEATURES_FILE))
+def read_corpus(work: Path, aux_layers: list[int] | None = None, name: str | None = None) -> Corpus:
+    tensors = load_file(str(work / (name or features_file(aux_layers))))
+    if not aux_layers:
+        tensors.pop("aux", None)
     meta = json.loads((work / META_FILE).read_text())
     return Corpus(**tensors, categories=meta["categories"])
 
@@ -147,17 +170,20 @@ def generate(engine: LLMEngine, requests: list[WorkloadRequest], path: Path, max
 @torch.inference_mode()
 def record_features(model: LlamaForCausalLM, dtype: torch.dtype, sequences: list[list[int]],
                     response_start: list[int], held_out: list[bool], category: list[int],
-                    categories: list[str]) -> Corpus:
+                    categories: list[str], aux_layers: list[int] | None = None) -> Corpus:
     """Teacher-forced forwards over prompt + response, FORWARD_TOKENS at a time."""
     device = model.embed_tokens.weight.device
-    features, target_next, batch = [], [], []
+    features, target_next, batch, aux = [], [], [], []
     with progress_bar() as progress:
         task = progress.add_task("recording features", total=len(sequences), info="")
         for index, sequence in enumerate(sequences):
             batch.append(sequence)
             if index + 1 == len(sequences) or sum(map(len, batch)) + len(sequences[index + 1]) > FORWARD_TOKENS:
-                hidden = teacher_forced(model, batch, dtype, device)                 # [tokens, hidden]
+                residuals = dict.fromkeys(aux_layers) if aux_layers else None
+                hidden = teacher_forced(model, batch, dtype, device, residuals)      # [tokens, hidden]
                 features.append(hidden.to(torch.bfloat16).cpu())
+                if residuals is not None:                                           # [tokens, 3 * hidden]
+                    aux.append(torch.cat([residuals[i] for i in aux_layers], dim=-1).to(torch.bfloat16).cpu())
                 target_next.append(model.compute_logits(hidden).argmax(dim=-1).to(torch.int32).cpu())
                 progress.update(task, advance=len(batch))
                 batch = []
@@ -167,12 +193,14 @@ def record_features(model: LlamaForCausalLM, dtype: torch.dtype, sequences: list
                   offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
                   response_start=torch.tensor(response_start, dtype=torch.long),
                   held_out=torch.tensor(held_out, dtype=torch.uint8),
-                  category=torch.tensor(category, dtype=torch.long), categories=categories)
+                  category=torch.tensor(category, dtype=torch.long), categories=categories,
+                  aux=torch.cat(aux) if aux else None)
 
 
 def teacher_forced(model: LlamaForCausalLM, sequences: list[list[int]], dtype: torch.dtype,
-                   device) -> torch.Tensor:
-    """Final-normed hidden states [sum(len), hidden] of whole sequences, each a prefill chunk."""
+                   device, residuals: dict | None = None) -> torch.Tensor:
+    """Final-normed hidden states [sum(len), hidden] of whole sequences, each a prefill chunk (residuals:
+    filled as LlamaForCausalLM.forward does)."""
     config = model.config
     num_tokens = sum(map(len, sequences))
     scratch = torch.zeros(config.num_hidden_layers, 2, config.num_key_value_heads, num_tokens, config.head_dim,
@@ -185,4 +213,4 @@ def teacher_forced(model: LlamaForCausalLM, sequences: list[list[int]], dtype: t
     input_ids = torch.tensor([t for s in sequences for t in s], device=device)
     positions = torch.tensor([p for s in sequences for p in range(len(s))], device=device)
     with step_metadata(metadata):
-        return model(input_ids, positions, scratch)
+        return model(input_ids, positions, scratch, None, residuals)

@@ -87,8 +87,10 @@ class EagleObjective:
             labels = self.active_index[batch.shifted("target_next", first + step, count)[valid]]
             logits = predicted[valid] @ self.active_head.T                     # [rows, A]
             ce = F.cross_entropy(logits, labels)
-            regression = F.smooth_l1_loss(predicted[valid], batch.shifted("features", first + step, count)[valid])
-            total = total + ce + self.feature_weight * regression
+            total = total + ce
+            if self.feature_weight:                     # EAGLE-3 (eagle3.py) regresses no feature
+                target = batch.shifted("features", first + step, count)[valid]
+                total = total + self.feature_weight * F.smooth_l1_loss(predicted[valid], target)
             parts[f"ce{step}"] = ce.item()
             parts[f"top1_{step}"] = (logits.argmax(-1) == labels).float().mean().item()
         return total / self.unroll, parts

@@ -13,14 +13,17 @@ from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.drafter_checkpoint import target_signature
 from specwise.models.drafter_export import check_format, export_drafter
+from specwise.models.eagle3 import default_aux_layers
 from specwise.models.export_formats import export_dir
 from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
 from specwise.train.card import model_card
 from specwise.train.config import TrainConfig
-from specwise.train.data import Corpus, build_corpus, data_key
+from specwise.train.corpus import corpus_fingerprint, read_corpus_texts
+from specwise.train.data import CORPUS_CATEGORY, Corpus, build_corpus, data_key
 from specwise.train.draft import DraftObjective
 from specwise.train.eagle import EagleObjective, active_vocabulary
+from specwise.train.eagle3 import Eagle3Objective
 from specwise.train.medusa import MedusaObjective
 from specwise.train.loop import CHECKPOINT_FILE, LoopState, Schedule, train
 from specwise.train.prompts import BUILT_IN, load_prompts, split_held_out
@@ -50,9 +53,15 @@ def prepare(config: TrainConfig, checkpoint: Checkpoint | None = None) -> Prepar
                                     num_threads=config.num_threads, seed=config.seed), checkpoint)
     settings = dict(max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
                     dtype=str(engine.dtype), held_out=config.held_out)
+    texts = None
+    if config.corpus:
+        texts = read_corpus_texts(config.corpus, checkpoint.tokenizer, config.corpus_tokens, engine.max_model_len)
+        settings["corpus"] = corpus_fingerprint(config.corpus, config.corpus_tokens)
     key = data_key(requests, target_signature(checkpoint.config, checkpoint.tokenizer), settings)
     work = Path(config.out).expanduser() / WORK_DIR / f"data-{key}"
-    corpus = build_corpus(engine, requests, held_out, work, config.max_tokens, config.temperature, config.seed)
+    aux_layers = default_aux_layers(checkpoint.config.num_hidden_layers) if config.kind == "eagle3" else None
+    corpus = build_corpus(engine, requests, held_out, work, config.max_tokens, config.temperature, config.seed,
+                          aux_layers, texts)
     counts: dict[str, int] = {}
     for request in requests:
         counts[request.category] = counts.get(request.category, 0) + 1
@@ -70,6 +79,9 @@ def build_objective(config: TrainConfig, prepared: Prepared):
     if config.kind == "eagle":
         return EagleObjective(target, signature, active, unroll=config.unroll, feature_noise=config.feature_noise,
                               feature_weight=config.feature_weight, init_from_target=config.init_from_target)
+    if config.kind == "eagle3":
+        return Eagle3Objective(target, signature, active, default_aux_layers(target.config.num_hidden_layers),
+                               unroll=config.unroll, feature_noise=config.feature_noise)
     if config.kind == "medusa":
         return MedusaObjective(target, signature, active, config.num_heads)
     return DraftObjective(target, prepared.engine.tokenizer, active, config.draft_layers)
@@ -123,19 +135,31 @@ def training_facts(config: TrainConfig, prepared: Prepared, state: LoopState, da
     final = state.history[-1]["acceptance"] if state.history else {}
     return {
         "kind": config.kind, "target": prepared.target_name,
+        **({"aux_layers": default_aux_layers(prepared.checkpoint.config.num_hidden_layers)}
+           if config.kind == "eagle3" else {}),
         "specwise_version": package_version(),
         "data": {"source": "built-in training prompts" if config.data == BUILT_IN else Path(config.data).name,
-                 "prompts": corpus.num_seqs, "held_out_prompts": len(held),
+                 "prompts": sum(prepared.prompts_per_category.values()), "held_out_prompts": len(held),
                  "prompts_per_category": prepared.prompts_per_category,
-                 "train_tokens": corpus.num_tokens(corpus.split(False)), "held_out_tokens": corpus.num_tokens(held)},
+                 "train_tokens": corpus.num_tokens(corpus.split(False)), "held_out_tokens": corpus.num_tokens(held),
+                 **({"corpus": {"file": Path(config.corpus).name, "tokens": corpus_tokens(corpus)}}
+                    if config.corpus else {})},
         "settings": {name: value for name, value in asdict(config).items()
-                     if name not in ("out", "target", "data", "resume", "num_threads", "export")},
+                     if name not in ("out", "target", "data", "resume", "num_threads", "export", "corpus")},
         "steps": state.step, "wall_seconds": round(state.seconds, 1), "data_seconds": round(data_seconds, 1),
         "machine": f"{cpu_name()}, {torch.get_num_threads()} torch threads ({os.cpu_count()} cores)",
         "held_out_acceptance": final,
         "history": [{"epoch": h["epoch"], "step": h["step"],
                      "acceptance": {"all": h["acceptance"]["all"]}} for h in state.history],
     }
+
+
+def corpus_tokens(corpus: Corpus) -> int:
+    """Tokens of the --corpus texts (data.py's "corpus" category) in the recorded data."""
+    if CORPUS_CATEGORY not in corpus.categories:
+        return 0
+    index = corpus.categories.index(CORPUS_CATEGORY)
+    return corpus.num_tokens([s for s in range(corpus.num_seqs) if int(corpus.category[s]) == index])
 
 
 def package_version() -> str:

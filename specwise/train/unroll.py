@@ -43,14 +43,19 @@ def rope(rotary: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype) -
     return cos.view(*positions.shape, 1, -1), sin.view(*positions.shape, 1, -1)
 
 
-def layer_step(layer: DecoderLayer, hidden: torch.Tensor, cos_sin, state: LayerState) -> torch.Tensor:
+def layer_step(layer: DecoderLayer, hidden: torch.Tensor, cos_sin, state: LayerState,
+               attention_input: torch.Tensor | None = None) -> torch.Tensor:
     """hidden [B, C, hidden] -> [B, C, hidden]. The first call for `state` is step 1 (causal over the
-    sequence, its K/V kept as the true ones); later calls are chain steps (one query per chain)."""
+    sequence, its K/V kept as the true ones); later calls are chain steps (one query per chain).
+    attention_input: what q/k/v read instead of input_layernorm(hidden) (EAGLE-3's [2H]); hidden stays
+    the residual."""
     attn = layer.self_attn
     batch, num_rows, _ = hidden.shape
     heads, kv_heads, head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    query, key, value = attn.qkv_proj(layer.input_layernorm(hidden)).split([q_size, kv_size, kv_size], dim=-1)
+    if attention_input is None:
+        attention_input = layer.input_layernorm(hidden)
+    query, key, value = attn.qkv_proj(attention_input).split([q_size, kv_size, kv_size], dim=-1)
     query = apply_rotary(query.view(batch, num_rows, heads, head_dim), *cos_sin).transpose(1, 2)
     key = apply_rotary(key.view(batch, num_rows, kv_heads, head_dim), *cos_sin).transpose(1, 2)
     value = value.view(batch, num_rows, kv_heads, head_dim).transpose(1, 2)     # [B, kv_heads, C, head_dim]

@@ -8,7 +8,8 @@ lookahead-wWnNgG-kK). Endpoints, `--endpoint NAME=URL` (repeatable); the method 
 the name (`vllm-off`, `sglang-eagle`, `ngram`, `trtllm-lookahead`...), "http" if none.
 Engine arms, `--engine vllm|sglang --methods off,ngram@4,suffix,draft:MODEL@3,eagle3:MODEL`: one
 server per method, launched by specwise (bench/launch/) with the flags of bench/engine_flags.py;
-named like in-process arms (`off`, `ngram-k4`, `eagle3-MODELNAME-k3`).
+named like in-process arms (`off`, `ngram-k4`, `eagle3-MODELNAME-k3`). eagle:DIR / medusa:DIR naming our own
+head (a drafter.json) is exported to the engine's format first (bench/launch/exports.py).
 """
 
 import re
@@ -33,6 +34,7 @@ class ArmSpec:
     k: int | None           # draft tokens per step; 0 for off; None if unknown (endpoints)
     url: str | None = None
     engine: str | None = None   # "vllm" / "sglang": a server specwise launches for this arm
+    exported_from: str | None = None    # our head's directory when spec names its export (launch/exports.py)
 
     def to_dict(self) -> dict:
         return asdict(self)

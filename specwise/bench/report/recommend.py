@@ -333,12 +333,15 @@ def _configs(summary: Summary, verdicts: list[ArmVerdict]) -> list[dict]:
     for spec, pairs in groups.items():
         method = pairs[0][1].method
         # an arm an engine ran (evaluate --engine) names a checkpoint in the server's format
-        checkpoint = "server" if arms.get(pairs[0][1].arm, {}).get("engine") else "specwise"
+        arm = arms.get(pairs[0][1].arm, {})
+        checkpoint = "server" if arm.get("engine") else "specwise"
+        # our head exported for vLLM (bench/launch/exports.py): vLLM's format, which SGLang does not read
+        sglang_checkpoint = "specwise" if arm.get("exported_from") else checkpoint
         table = batch_size_table(pairs, _max_batch(summary)) if kind == "concurrency" else []
         k = max(pairs, key=lambda pair: _first_speedup(pair[1]))[0]
         configs.append({"spec": spec, "method": method, "k": k, "pays": any(v.ranges for _, v in pairs),
                         "batch_size_table": table, **vllm_config(spec, method, k, table, checkpoint),
-                        **sglang_flags(spec, method, k, checkpoint), **trtllm_config(spec, method)})
+                        **sglang_flags(spec, method, k, sglang_checkpoint), **trtllm_config(spec, method)})
     return configs
 
 

@@ -55,7 +55,7 @@ def vllm_config(spec: str, method: str, k: int, table: list[list[int]], checkpoi
             "vllm_note": " ".join(filter(None, [
                 VLLM_NEEDS.get(method),
                 f"Export the head first: {export_command(spec.partition(':')[2], 'vllm')}."
-                if method in HEADS else None,
+                if method in HEADS and checkpoint == "specwise" else None,
                 None if dynamic is None else
                                   "The batch-size table needs a vLLM release with dynamic speculative decoding "
                                   "(0.32 has it); older releases reject the key: use the fixed config there."]))}

@@ -16,6 +16,8 @@
     eagle               an EAGLE head over the target's features: the built-in one trained for the
                         target (specwise/models/heads/, see specwise/models/builtin_heads.py)
     eagle:DIR           the EAGLE head in DIR (written by `specwise train-drafter --kind eagle`)
+    eagle3:DIR          the EAGLE-3 head in DIR (`train-drafter --kind eagle3`: three of the target's
+                        layers fused; none is built in)
     medusa, medusa:DIR  Medusa heads, built in or from DIR (k at most their number of heads)
     none / off          no speculation (same as leaving the flag out)
 
@@ -34,8 +36,8 @@ from dataclasses import dataclass
 from specwise.config import MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
 
-METHODS = ("ngram", "draft", "layer_skip", "suffix", "lookahead", "eagle", "medusa")
-HEAD_METHODS = ("eagle", "medusa")      # drafting heads over the target's features; DIR optional
+METHODS = ("ngram", "draft", "layer_skip", "suffix", "lookahead", "eagle", "eagle3", "medusa")
+HEAD_METHODS = ("eagle", "eagle3", "medusa")      # drafting heads over the target's features; DIR optional
 DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 4     # n-gram sizes of plain `ngram` (why: engine/spec_decode/ngram.py)
 DEFAULT_SUFFIX_DEPTH = 24               # suffix: longest match considered (vLLM's default tree depth)
 DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (<= ~600 bytes each, about 120 MB)
@@ -45,7 +47,7 @@ DEFAULT_SUFFIX_CACHE_TOKENS = 200_000   # suffix: global cache bound in tokens (
 DEFAULT_LOOKAHEAD_WINDOW, DEFAULT_LOOKAHEAD_NGRAM, DEFAULT_LOOKAHEAD_CANDIDATES = 1, 3, 2
 LOOKAHEAD_WINDOW_RANGE, LOOKAHEAD_NGRAM_RANGE, LOOKAHEAD_CANDIDATES_RANGE = (0, 16), (2, 6), (1, 16)
 FORMS = ("ngram, ngram:MIN-MAX, draft:PATH, layer_skip:L, suffix[:DEPTH[:CACHE_TOKENS]], lookahead[:W,N,G], "
-         "eagle[:DIR] or medusa[:DIR]")
+         "eagle[:DIR], eagle3:DIR or medusa[:DIR]")
 _NGRAM_SIZES = re.compile(r"(\d+)(?:-(\d+))?")
 _LOOKAHEAD_SIZES = re.compile(r"(\d+),(\d+),(\d+)")
 _SUFFIX_ARGUMENT = re.compile(r"(\d+)(?::(\d+))?")
@@ -83,7 +85,8 @@ class SpeculativeConfig:
         if self.method != "layer_skip" and self.layer_skip_layers is not None:
             raise ConfigError(f"a layer count is only used by layer_skip:L, not by {self.method}")
         if self.method not in HEAD_METHODS and self.head_dir is not None:
-            raise ConfigError(f"a head directory is only used by eagle:DIR or medusa:DIR, not by {self.method}")
+            raise ConfigError(f"a head directory is only used by eagle:DIR, eagle3:DIR or medusa:DIR, not by "
+                              f"{self.method}")
         if self.suffix_max_depth < 2:
             raise ConfigError(f"suffix:D needs a match depth D >= 2, got {self.suffix_max_depth}")
         if self.suffix_cache_tokens < 0:

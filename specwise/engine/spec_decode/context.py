@@ -33,6 +33,9 @@ class ProposerContext:
     def num_layers(self) -> int:
         return self.runner.model.config.num_hidden_layers
 
-    def observe_features(self, observer: Callable[[StepFeatures], None]) -> None:
-        """Have `observer` called with the target's features of every step (step_features.py)."""
+    def observe_features(self, observer: Callable[[StepFeatures], None], layers: list[int] | None = None) -> None:
+        """Have `observer` called with the target's features of every step (step_features.py); with
+        `layers`, the residual streams after those many decoder layers too (StepFeatures.layers)."""
         self.runner.feature_observers.append(observer)
+        if layers:
+            self.runner.feature_layers = list(layers)

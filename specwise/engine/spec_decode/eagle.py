@@ -1,4 +1,5 @@
-"""EAGLE drafting: one decoder layer extrapolates the target's features (models/eagle.py).
+"""EAGLE and EAGLE-3 drafting: one decoder layer extrapolates the target's features (models/eagle.py),
+or, for EAGLE-3, the fused residual streams of three of its layers (models/eagle3.py).
 
 Pairs, with the convention of models/eagle.py: pair t = (f_t, embed(x_{t+1})) at position t
 gives f̂_{t+1}, and lm_head(f̂_{t+1}) drafts token t+2. For a sequence of n tokens whose
@@ -21,6 +22,10 @@ Draft tokens are sampled from the request's processed distribution of lm_head(f�
 (draft_sampler.py). The embedding and the LM head are the target model's own modules (also
 when quantized; the LM head restricted to the head's draft vocabulary if it has one, see
 heads.py); the head runs in the target's compute dtype.
+
+EAGLE-3 pairs the same way: the catch-up's true inputs are the target's residual streams at the
+head's aux_layers (observed with the features; the target then runs eager), fused by the head's fc;
+each step drafts from the layer's normed output and feeds its un-normed output back (`head.step`).
 """
 
 from dataclasses import dataclass, field
@@ -64,12 +69,13 @@ class EagleState:
 
 
 class EagleProposer:
-    def __init__(self, context: ProposerContext, directory: str | None = None):
+    def __init__(self, context: ProposerContext, directory: str | None = None, kind: str = "eagle"):
         target = context.runner
         self.runner = target
         self.model = target.model                      # its embedding and LM head draft too
         # directory None: the built-in head for this target
-        self.directory, drafter, self.head = load_head("eagle", directory, context)
+        self.directory, drafter, self.head = load_head(kind, directory, context)
+        self.aux_layers = drafter.aux_layers           # eagle3: the residual streams it fuses; eagle: None
         self.lm_head = DraftLMHead(self.model, drafter.draft_vocab, context)
         config = self.model.config
         shape = (1, 2, config.num_key_value_heads, target.num_blocks * target.block_size, config.head_dim)
@@ -77,10 +83,10 @@ class EagleProposer:
         self.kv_cache_bytes = self.kv_cache.numel() * self.kv_cache.element_size()
         self.sampler = DraftSampler(target)
         self.states: dict[int, EagleState] = {}
-        context.observe_features(self.observe)
+        context.observe_features(self.observe, self.aux_layers)
 
     def observe(self, step: StepFeatures) -> None:
-        for seq, position, features in step:
+        for seq, position, features in step.rows(step.hidden if self.aux_layers is None else step.layers):
             if seq.sampling_params.speculative:
                 self.states.setdefault(seq.seq_id, EagleState()).add(position, features.clone())
 
@@ -102,10 +108,10 @@ class EagleProposer:
             next_tokens.append(seq.token_ids[start + 1:last + 2])
             state.paired = last + 1
             state.forget_before(last)                  # f_{n-2} stays: the next catch-up may need it
-        predicted = self._pairs(seqs, rows, starts, torch.cat(features), next_tokens)   # [len(rows), hidden]
+        drafted, fed = self._pairs(seqs, rows, starts, torch.cat(features), next_tokens, fuse=True)
         active = rows
         while True:
-            logits = self.lm_head(predicted)                                            # [len(active), vocab]
+            logits = self.lm_head(drafted)                                              # [len(active), vocab]
             probs, tokens = self.sampler.sample(logits, [seqs[row] for row in active],
                                                 [draft_ids[row] for row in active])
             for row, row_probs, token in zip(active, probs, tokens):
@@ -117,22 +123,25 @@ class EagleProposer:
             active = [active[index] for index in keep]
             # 2. the next round: pair (f̂, last draft) at the position before that draft's
             positions = [len(seqs[row]) + len(draft_ids[row]) - 2 for row in active]
-            predicted = self._pairs(seqs, active, positions, predicted[keep], [[draft_ids[row][-1]] for row in active])
+            drafted, fed = self._pairs(seqs, active, positions, fed[keep], [[draft_ids[row][-1]] for row in active])
         stacked = stack_draft_probs(draft_probs)   # [k_i, vocab] or None (one-hot) each
         return Proposal(draft_ids, stacked)
 
     def _pairs(self, seqs, rows: list[int], starts: list[int], features: torch.Tensor,
-               next_tokens: list[list[int]]) -> torch.Tensor:
-        """One flat head forward over runs of pairs (features [sum(len(run)), hidden], the tokens that
-        followed them) at positions starts[i]...; returns the last f̂ of each run, [len(rows), hidden]."""
+               next_tokens: list[list[int]], fuse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One flat head forward over runs of pairs (features [sum(len(run)), width], the tokens that
+        followed them) at positions starts[i]...; fuse: the features are the target's (head.fuse first).
+        Returns, for the last pair of each run, (what drafts, what is fed back), [len(rows), hidden] each."""
         tables = [seqs[row].block_table for row in rows]
         input_ids, positions, metadata = self.runner.prepare(next_tokens, starts, tables)
         embeddings = self.model.embed_tokens(input_ids)                                 # [num_pairs, hidden]
+        features = features.to(embeddings.dtype)
+        if fuse:
+            features = self.head.fuse(features)
         with step_metadata(metadata):
-            predicted = self.head(features.to(embeddings.dtype), embeddings, positions,
-                                  self.kv_cache)                                        # [num_pairs, hidden]
-        ends = torch.tensor([len(run) for run in next_tokens], device=predicted.device).cumsum(0) - 1
-        return predicted[ends]
+            drafted, fed = self.head.step(features, embeddings, positions, self.kv_cache)   # [num_pairs, hidden]
+        ends = torch.tensor([len(run) for run in next_tokens], device=drafted.device).cumsum(0) - 1
+        return drafted[ends], fed[ends]
 
     def free(self, seq) -> None:
         self.states.pop(seq.seq_id, None)

@@ -31,8 +31,8 @@ def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -
                                  config.num_speculative_tokens)
     if config.method == "layer_skip":
         return LayerSkipProposer(context, config.layer_skip_layers)
-    if config.method == "eagle":
-        return EagleProposer(context, config.head_dir)
+    if config.method in ("eagle", "eagle3"):
+        return EagleProposer(context, config.head_dir, config.method)
     if config.method == "medusa":
         return MedusaProposer(context, config.head_dir, config.num_speculative_tokens)
     return DraftModelProposer(context, config.draft_model)
