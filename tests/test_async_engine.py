@@ -270,3 +270,20 @@ def test_a_step_that_never_returns_is_found_by_the_watchdog(async_engine, monkey
         release.set()
     async_engine.thread.join(PATIENCE_S)
     assert not async_engine.thread.is_alive()            # a dead engine steps no more
+
+
+def test_a_steps_outputs_wake_the_event_loop_once(async_engine, monkeypatch):
+    """Four streams decoding together: every step's outputs arrive in one callback on the caller's loop."""
+    steps, step = [], async_engine.engine.step
+    monkeypatch.setattr(async_engine.engine, "step", lambda: (steps.append(1), step())[1])
+
+    async def main():
+        loop, wakeups, post = asyncio.get_running_loop(), [], asyncio.get_running_loop().call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: (wakeups.append(1), post(*args))[1]
+        outputs = await asyncio.gather(*(collect(async_engine, f"prompt {i}", long_request()) for i in range(4)))
+        return outputs, len(wakeups)
+
+    outputs, wakeups = asyncio.run(main())
+    assert all(output[-1].finished for output in outputs)
+    assert sum(len(output) for output in outputs) > len(steps)     # several outputs a step ...
+    assert wakeups <= len(steps) + 4               # ... one wake-up a step (and one per prompt prepared in a thread)

@@ -1,7 +1,7 @@
 """The engine seam for asyncio callers (server, evaluator): one thread drives `step()`.
 
-Each request gets its own asyncio queue; outputs are handed to the caller's event loop
-as the step produces them. A caller that stops listening (client disconnect, task
+Each request gets its own asyncio queue; a step's outputs are handed to the caller's event
+loop together, in one callback, as the step produces them. A caller that stops listening (client disconnect, task
 cancelled) aborts its request, which frees its KV blocks at once.
 
 Callers never wait for a step: a prompt is tokenized and checked in a worker thread, then
@@ -153,10 +153,8 @@ class AsyncEngine:
                 busy = self.engine.has_unfinished()
                 outputs = self._step() if busy else []
                 self.busy_since = None
-            for output in outputs:
-                failed = output.finish_reason == "error"
-                self._deliver(output.request_id,
-                              RuntimeError(f"the engine failed this request: {output.error}") if failed else output)
+            self._deliver_all([(output.request_id, RuntimeError(f"the engine failed this request: {output.error}")
+                                if output.finish_reason == "error" else output) for output in outputs])
             if not busy:
                 # a request added after the check above has set the event: wait() returns at once
                 self.work.wait()
@@ -187,6 +185,18 @@ class AsyncEngine:
         except Exception as error:          # no request to blame (fault_isolation.py): the engine is dead
             self.die(describe(error) if not isinstance(error, EngineDead) else str(error))
             return []
+
+    def _deliver_all(self, items: list[tuple[str, object]]) -> None:
+        """A step's outputs, handed to each caller's event loop in one callback: one wake-up of the loop per
+        step, not one per request (each wake-up is a write to the loop's self-pipe, and both threads then
+        wait for the GIL again: at batch 64 that was 64 round trips a step)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
+        for request_id, item in items:
+            entry = self.queues.get(request_id)
+            if entry is not None:
+                by_loop.setdefault(entry[0], []).append((entry[1], item))
+        for loop, deliveries in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, deliveries)
 
     def _deliver(self, request_id: str, item) -> None:
         entry = self.queues.get(request_id)
@@ -234,3 +244,8 @@ class AsyncEngine:
                 self._deliver(output.request_id, output)
         self.work.set()
         self.thread.join(timeout=10)
+
+
+def _put_all(deliveries: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in deliveries:
+        queue.put_nowait(item)

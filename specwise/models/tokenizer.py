@@ -1,5 +1,6 @@
 """Tokenizer and chat template of a checkpoint, from a HF directory or GGUF metadata, plus streaming detokenization."""
 
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ class Tokenizer:
         if not self.chat_template:
             return False
         try:
-            return "tools" in jinja2.meta.find_undeclared_variables(_jinja_env().parse(self.chat_template))
+            return _reads_tools(self.chat_template)
         except jinja2.TemplateError:
             return False
 
@@ -68,7 +69,7 @@ class Tokenizer:
         if not self.chat_template:
             raise ConfigError(f"{self.source}: the model has no chat template; send a plain prompt instead")
         try:
-            template = _jinja_env().from_string(self.chat_template)
+            template = _compiled_template(self.chat_template)
         except jinja2.TemplateError as e:
             raise ConfigError(f"{self.source}: chat template does not compile: {e}") from None
         try:
@@ -215,6 +216,18 @@ def _hf_chat_template(path: Path, settings: dict) -> str | None:
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
     return template
+
+
+# A template compiles once per process (2 ms for SmolLM2's, on every chat request before; rendering a
+# compiled template takes ~0.1 ms and is thread-safe). Errors are not cached: a bad template raises each time.
+@functools.lru_cache(maxsize=8)
+def _compiled_template(text: str) -> jinja2.Template:
+    return _jinja_env().from_string(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _reads_tools(text: str) -> bool:
+    return "tools" in jinja2.meta.find_undeclared_variables(_jinja_env().parse(text))
 
 
 def _jinja_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:

@@ -1,13 +1,13 @@
 """One request's life on the server: prompt checks, bounded admission, the engine run, cleanup.
 
-`Serving.start` tokenizes (tools through the chat template when it renders them, else in the
-system prompt: tool_prompt.py), checks the prompt and max_tokens against the context window
-and the KV cache, compiles a structured-output grammar (in a worker thread: a first grammar
-builds the tokenizer's index, about a second), and admits the request's n choices unless
-`max_num_seqs + max_queue` are already held (429). Each returned Job (one per choice, or per
-candidate with best_of) must be
-closed exactly once (`close` is idempotent): closing an unfinished job aborts it in the
-engine, which frees its KV blocks.
+`Serving.start` first admits the request's n choices unless `max_num_seqs + max_queue` are
+already held (429: answered before any work is spent on the request), then, in a worker thread,
+tokenizes (tools through the chat template when it renders them, else in the system prompt:
+tool_prompt.py), checks the prompt and max_tokens against the context window and the KV cache,
+and compiles a structured-output grammar (a first grammar builds the tokenizer's index, about a
+second): the event loop never waits for any of it. Each returned Job (one per choice, or per
+candidate with best_of) holds one admitted seat and must be closed exactly once (`close` is
+idempotent): closing an unfinished job aborts it in the engine, which frees its KV blocks.
 """
 
 import asyncio
@@ -41,27 +41,48 @@ class Serving:
         if self.async_engine.dead is not None:
             raise APIError(503, f"the engine is dead ({self.async_engine.dead}); the server is exiting",
                            code="engine_dead")
+        count = request.num_candidates
+        self.admit(count)
+        try:
+            # tokenizing, the chat template and a grammar's compilation take milliseconds to a second:
+            # never on the event loop, which must answer /health and the next request's 429 meanwhile
+            token_ids, params = await asyncio.to_thread(self.prepare, prompt, request, param, default_max_tokens,
+                                                        tools)
+            # the prompt is counted once per request (as vLLM), however many choices share it
+            jobs = [Job(self, token_ids, choice_params, count_prompt=index == 0, tenant=tenant)
+                    for index, choice_params in enumerate(params)]
+        except BaseException:
+            self.admitted -= count
+            raise
+        return jobs
+
+    def admit(self, count: int) -> None:
+        """Hold `count` sequences of the bound, before any work is spent on the request (no await: the check and
+        the hold are one step of the event loop); 429 when they do not fit, 400 when they never could."""
+        if count > self.capacity:
+            raise APIError(400, f"this request asks for {count} sequences (n, best_of); the server admits at "
+                                f"most {self.capacity} at once (--max-num-seqs + --max-queue)", "n", "invalid_value")
+        if self.admitted + count > self.capacity:
+            max_num_seqs = self.engine.config.max_num_seqs
+            max_queue = self.capacity - max_num_seqs
+            raise APIError(429, f"the queue is full: {self.admitted} requests are admitted and this one adds "
+                                f"{count}, over the bound of {self.capacity} ({max_num_seqs} running "
+                                f"(--max-num-seqs) + {max_queue} queued (--max-queue)); retry later",
+                           code="queue_full", details={"admitted": self.admitted, "capacity": self.capacity,
+                                                       "max_num_seqs": max_num_seqs, "max_queue": max_queue})
+        self.admitted += count
+
+    def prepare(self, prompt: Prompt, request: GenerationRequest, param: str, default_max_tokens: int | None,
+                tools: list[dict] | None) -> tuple[list[int], list[SamplingParams]]:
+        """The prompt's token ids and each candidate's settings, checked (a worker thread: reads no step state)."""
         token_ids = self.encode(prompt, param, tools)
         max_tokens = self.max_tokens(len(token_ids), *request.requested_max_tokens, default_max_tokens, param)
         params = [request.sampling_params(max_tokens, choice) for choice in range(request.num_candidates)]
         try:
-            await asyncio.to_thread(self.engine.check_params, params[0])
+            self.engine.check_params(params[0])       # compiles (and caches) a grammar
         except SpecwiseError as error:
             raise APIError(400, str(error), grammar_param(request, params[0]), "invalid_value") from None
-        if len(params) > self.capacity:
-            raise APIError(400, f"this request asks for {len(params)} sequences (n, best_of); the server admits at "
-                                f"most {self.capacity} at once (--max-num-seqs + --max-queue)", "n", "invalid_value")
-        if self.admitted + len(params) > self.capacity:
-            max_num_seqs = self.engine.config.max_num_seqs
-            max_queue = self.capacity - max_num_seqs
-            raise APIError(429, f"the queue is full: {self.admitted} requests are admitted and this one adds "
-                                f"{len(params)}, over the bound of {self.capacity} ({max_num_seqs} running "
-                                f"(--max-num-seqs) + {max_queue} queued (--max-queue)); retry later",
-                           code="queue_full", details={"admitted": self.admitted, "capacity": self.capacity,
-                                                       "max_num_seqs": max_num_seqs, "max_queue": max_queue})
-        # the prompt is counted once per request (as vLLM), however many choices share it
-        return [Job(self, token_ids, choice_params, count_prompt=index == 0, tenant=tenant)
-                for index, choice_params in enumerate(params)]
+        return token_ids, params
 
     def encode(self, prompt: Prompt, param: str, tools: list[dict] | None = None) -> list[int]:
         tokenizer = self.engine.tokenizer
@@ -118,7 +139,6 @@ class Job:
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
         self.prompt_logprobs: list[TokenLogprob | None] | None = None     # with the first output, if asked
         self.cumulative_logprob = 0.0          # of the generated tokens (best_of ranks candidates by it)
-        serving.admitted += 1
 
     async def next(self) -> RequestOutput:
         """The next output (call until one is finished); APIError when the engine refuses or fails it."""

@@ -117,6 +117,10 @@ class EngineCollector(Collector):
                       stats.verifying_seconds)
         yield gauge("specwise:spec_decode_k", "Current k: draft tokens per sequence in the latest step, as the "
                     "speculation policy chose it (0: speculation off)", current_k(engine))
+        yield gauge("specwise:spec_decode_cache_tokens", "Tokens the drafter keeps across requests (suffix "
+                    "decoding's cache of earlier responses; bounded)", getattr(engine.proposer, "cached_tokens", 0))
+        yield gauge("specwise:structured_output_grammars_cached", "Compiled grammars cached (bounded)",
+                    engine.grammars.num_cached)
         yield gauge("specwise:spec_decode_max_k", "Most draft tokens per sequence per step (num_speculative_tokens)",
                     engine.num_speculative_tokens)
         method = GaugeMetricFamily("specwise:spec_decode_info", "Drafting method and speculation policy (value 1)",

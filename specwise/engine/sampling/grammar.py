@@ -26,6 +26,7 @@ Worked example (JSON schema {"type": "object", "properties": {"ok": {"type": "bo
 `{"ok":` is forced; after `{"ok":` the mask allows `t`/`true` and `f`/`false` tokens.
 """
 
+import collections
 import json
 import threading
 
@@ -40,6 +41,8 @@ from specwise.sampling_params import StructuredOutput
 # pad forever, and these are the separators models have seen most.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_GRAMMAR_SIZE = 500_000        # llguidance's own size measure; larger grammars are refused (400)
+MAX_CACHED_GRAMMARS = 256         # compiled grammars kept, least recently used dropped: a server that runs for
+                                  # days sees endless distinct schemas, and each is kept as its grammar text
 ANY_JSON_OBJECT = {"type": "object"}
 
 
@@ -64,7 +67,8 @@ def grammar_text(spec: StructuredOutput) -> str:
 
 class GrammarCompiler:
     """Compiles structured-output requests for one tokenizer; the llguidance tokenizer (about a
-    second for a 50k vocabulary) is built on first use, and compiled grammars are cached."""
+    second for a 50k vocabulary) is built on first use, and the last MAX_CACHED_GRAMMARS compiled
+    grammars are cached."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int):
         self.tokenizer = tokenizer
@@ -72,7 +76,8 @@ class GrammarCompiler:
         self.limits = llguidance.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SIZE)
         self._lltokenizer = None
         self._lock = threading.Lock()
-        self._checked: dict[StructuredOutput, str] = {}
+        self._checked: collections.OrderedDict[StructuredOutput, str] = collections.OrderedDict()
+        self._checked_lock = threading.Lock()
 
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
@@ -84,8 +89,10 @@ class GrammarCompiler:
 
     def check(self, spec: StructuredOutput) -> str:
         """The compiled grammar text; InputError (the server's 400) when it does not compile (any thread)."""
-        if spec in self._checked:
-            return self._checked[spec]
+        with self._checked_lock:
+            if spec in self._checked:
+                self._checked.move_to_end(spec)
+                return self._checked[spec]
         grammar = grammar_text(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer)
         if is_error:
@@ -93,8 +100,15 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self.limits)
         if matcher.is_error():
             raise InputError(f"{spec.kind} grammar: {matcher.get_error()}")
-        self._checked[spec] = grammar
+        with self._checked_lock:
+            self._checked[spec] = grammar
+            while len(self._checked) > MAX_CACHED_GRAMMARS:
+                self._checked.popitem(last=False)
         return grammar
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._checked)
 
     def matcher(self, spec: StructuredOutput) -> "GrammarMatcher":
         grammar = self.check(spec)

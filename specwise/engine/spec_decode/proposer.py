@@ -97,7 +97,8 @@ class Proposer(Protocol):
     counts the rows its tree may feed (bounded only by max_model_len, not by the tokens the request may
     still emit), and the proposer keeps the tree's depth within those itself (`draft_tree.tokens_left`).
     Such a proposer may also define `auto_levels(max_k) -> [(k, positions verified)]`, the budgets the
-    auto k policy chooses among (policy.py).
+    auto k policy chooses among (policy.py). A proposer that keeps tokens across requests (suffix's global
+    cache) says how many in `cached_tokens` (the server's /metrics shows it; absent: none).
     """
 
     def propose(self, seqs: "list[Sequence]", num_draft_tokens: list[int]) -> Proposal:

@@ -147,6 +147,11 @@ class SuffixProposer:
                 best = cached
         return best.tokens
 
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens held across requests (the global cache; proposer.py)."""
+        return self.cache.num_tokens if self.cache is not None else 0
+
     def free(self, seq) -> None:
         """Drop the request's index; a finished (not aborted) response goes into the global cache."""
         self.requests.pop(seq.seq_id, None)

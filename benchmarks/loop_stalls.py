@@ -1,0 +1,93 @@
+"""Where a server's event loop stalls: `specwise serve` with a heartbeat and a stack sampler.
+
+    python benchmarks/loop_stalls.py [specwise serve flags]      # overload.py --diagnose runs this
+
+A watcher thread posts a heartbeat onto the event loop every HEARTBEAT_S and, while one is
+late by more than LATE_S, samples the event-loop thread's Python stack every SAMPLE_S
+(sys._current_frames). At exit (and every REPORT_S) it prints to stderr how many heartbeats
+were late by > 0.1 s and > 1 s, the latest one, and the innermost frames sampled most often
+while the loop was late, with their counts: the code that held the loop (or waited for the GIL
+there). A probe that is slow while every heartbeat is on time waited elsewhere (the listen
+backlog, the client). Diagnostic only: it adds a thread, so its figures are not the product's.
+"""
+
+import asyncio
+import atexit
+import collections
+import sys
+import threading
+import time
+import traceback
+
+HEARTBEAT_S = 0.05
+LATE_S = 0.1
+SAMPLE_S = 0.01
+REPORT_S = 30.0
+FRAMES = 4            # innermost frames kept per sample
+
+
+class LoopWatch:
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: int | None = None
+        self.late = collections.Counter()            # "> 0.1 s", "> 1 s"
+        self.worst = 0.0
+        self.stacks: collections.Counter = collections.Counter()
+        self.samples = 0
+
+    def attach(self, loop) -> None:
+        self.loop, self.loop_thread = loop, threading.get_ident()
+        threading.Thread(target=self.watch, name="loop-watch", daemon=True).start()
+
+    def watch(self) -> None:
+        last_report = time.monotonic()
+        while True:
+            beat = threading.Event()
+            sent = time.monotonic()
+            try:
+                self.loop.call_soon_threadsafe(beat.set)
+            except RuntimeError:           # the loop is closed
+                return
+            while not beat.wait(SAMPLE_S if time.monotonic() - sent > LATE_S else LATE_S):
+                self.sample()
+            lateness = time.monotonic() - sent
+            self.worst = max(self.worst, lateness)
+            if lateness > LATE_S:
+                self.late["> 0.1 s"] += 1
+            if lateness > 1.0:
+                self.late["> 1 s"] += 1
+            if time.monotonic() - last_report > REPORT_S:
+                self.report()
+                last_report = time.monotonic()
+            time.sleep(HEARTBEAT_S)
+
+    def sample(self) -> None:
+        frame = sys._current_frames().get(self.loop_thread)
+        if frame is None:
+            return
+        stack = traceback.extract_stack(frame)[-FRAMES:]
+        self.samples += 1
+        self.stacks[" <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(stack))] += 1
+
+    def report(self) -> None:
+        lines = [f"loop-watch: heartbeats late > 0.1 s: {self.late['> 0.1 s']}, > 1 s: {self.late['> 1 s']}, "
+                 f"worst {self.worst:.3f} s, {self.samples} stack samples while late"]
+        lines += [f"loop-watch:   {count:5d}  {stack}" for stack, count in self.stacks.most_common(12)]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+WATCH = LoopWatch()
+_run_forever = asyncio.BaseEventLoop.run_forever
+
+
+def run_forever(self):
+    if WATCH.loop is None:
+        WATCH.attach(self)
+    return _run_forever(self)
+
+
+if __name__ == "__main__":
+    asyncio.BaseEventLoop.run_forever = run_forever
+    atexit.register(WATCH.report)
+    from specwise.cli import main
+    sys.exit(main(["serve", *sys.argv[1:]]))
