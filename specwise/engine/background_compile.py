@@ -57,7 +57,7 @@ class BackgroundCompile:
         self.started = time.monotonic()
         self.process = subprocess.Popen([*(worker or WORKER), json.dumps(spec)], stdin=subprocess.PIPE,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                        start_new_session=True)
+                                        errors="replace", start_new_session=True)
         count = self.graph_set.count(self.depths)
         note(f"serving eagerly while {count} graphs compile in process {self.process.pid}; switching to them when "
              f"they are ready")

@@ -91,7 +91,8 @@ class LLMEngine:
         self.set_speculative(config.speculative, config.num_speculative_tokens)
 
     def _describe(self) -> None:
-        """What runs, for start-up lines and run.json: "bf16, linears: bf16 oneDNN packed (CPU AVX512, x86_64), eager"."""
+        """What runs, for start-up lines and run.json: "bf16, linears: bf16 oneDNN packed (CPU AVX512, x86_64), eager"
+        (the switch to compiled graphs says it again)."""
         config = self.config
         self.kernel_line = describe_kernels(self.dtype, config.quantization, config.device, self.compiled) + \
             (", compiled" if self.compiled else ", eager")
