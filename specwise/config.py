@@ -38,9 +38,10 @@ class EngineConfig:
         default=None, metadata={"help": f"torch threads for steps of at most {DECODE_STEP_TOKENS} tokens (decoding a few "
                                         "sequences mostly reads weights); default: as --num-threads"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
-    compile: bool = field(default=False, metadata={
+    # None (evaluate's default): the compiled graphs when the compile cache already holds them, else eager
+    compile: bool | None = field(default=False, metadata={
         "help": "compile the model's forward with inductor (models/compiled.py): faster steps, minutes more "
-                "at start-up"})
+                "at start-up the first time on a machine (the graphs are cached)"})
     speculative: str | None = field(
         default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L, suffix, lookahead[:W,N,G], "
                                         "eagle[:DIR], medusa[:DIR] (none = off)"})

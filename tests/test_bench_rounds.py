@@ -197,7 +197,7 @@ def test_precision_needs_a_cap_and_quick_asks_for_it():
 
 
 @cpu_kernels
-def test_methods_and_endpoints_in_one_run(tmp_path):
+def test_methods_and_endpoints_in_one_run(tmp_path, capfd):
     torch = pytest.importorskip("torch")  # noqa: F841
     from specwise.bench.evaluate import evaluate
     from specwise.config import EngineConfig
@@ -209,7 +209,8 @@ def test_methods_and_endpoints_in_one_run(tmp_path):
         config = EvaluateConfig(methods="off,ngram:1-3@2", endpoint=[f"vllm-ngram={server.url}"],
                                 workload=str(workload), concurrency="2", num_requests=4, warmup=0,
                                 output=str(tmp_path / "out"), progress=False)
-        outcome = evaluate(config, EngineConfig(max_model_len=128, num_kv_blocks=128), argv=[],
+        # compile None, as `specwise evaluate` leaves it: nothing is in the compile cache for it, so eager
+        outcome = evaluate(config, EngineConfig(max_model_len=128, num_kv_blocks=128, compile=None), argv=[],
                            checkpoint=tiny_checkpoint())
     records = read_records(outcome.results_dir)
     assert {r.arm for r in records} == {"off", "ngram-1-3-k2", "vllm-ngram"}
@@ -223,6 +224,9 @@ def test_methods_and_endpoints_in_one_run(tmp_path):
     assert run_json["kernels"]["cpu"]["isa"] == cpu_capabilities().isa
     assert f"- engine: {run_json['kernels']['dtype']}, linears: {linear_path(dtype, 'none', 'cpu')}, eager" in \
         (outcome.results_dir / "summary.md").read_text()
+    # and the start-up line says plainly that the eager engine is measured, and how to measure the compiled one
+    err = capfd.readouterr().err
+    assert "measuring the EAGER engine" in err and "add --compile" in err
 
 
 def test_an_endpoint_may_not_reuse_a_method_arm_name(tmp_path):

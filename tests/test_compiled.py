@@ -14,7 +14,8 @@ On a tiny random fp32 target:
   - the graphs are kept on disk (models/compile_cache.py): a second engine with the same settings loads
     every one and compiles none, a corrupt package is compiled again with a note, and greedy outputs are
     the same either way; an entry made for other settings is emptied with a note; each setting the
-    graphs depend on changes the entry.
+    graphs depend on changes the entry; an engine with compile unset (None) takes the cached graphs, and runs
+    eagerly where the cache holds none for its settings.
 """
 
 import dataclasses
@@ -165,6 +166,20 @@ def test_a_second_engine_loads_every_graph_from_the_cache(checkpoint, compiled, 
     assert compile_calls == [] and second.engine.runner.forward_fn.num_compiled == 0
     assert "loaded 8 compiled graphs" in capfd.readouterr().err
     assert greedy(second) == greedy(compiled)
+
+
+def test_unset_compile_takes_the_cached_graphs_else_runs_eagerly(checkpoint, compiled, compile_calls):
+    """compile=None (evaluate's and serve's engine): the graphs when the cache holds them, compiling nothing;
+    for settings it holds none for (another max_model_len: other rope tables), eager, naming the graphs to compile."""
+    compiled.engine.set_speculative(None, 0)
+    cached = LLM(checkpoint=checkpoint, compile=None, **ENGINE)
+    assert cached.engine.compiled and cached.engine.pending_compile is None
+    assert cached.engine.kernel_line.endswith(", compiled") and cached.engine.kernels["compiled"]
+    other = LLM(checkpoint=checkpoint, compile=None, **dict(ENGINE, max_model_len=96))
+    assert not other.engine.compiled and other.engine.kernel_line.endswith(", eager")
+    assert other.engine.pending_compile.count() == 8 and not other.engine.pending_compile.cached()
+    assert compile_calls == []
+    assert greedy(cached) == greedy(compiled)
 
 
 def test_a_corrupt_cached_graph_is_compiled_again_with_a_note(checkpoint, compiled, compile_calls, capfd):

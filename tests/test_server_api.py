@@ -149,10 +149,11 @@ def test_token_id_prompt_and_chat_defaults(client, server):
 def test_models_health_metrics(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
-    assert httpx.get(server.url("/health")).json() == {"status": "ok"}
+    assert httpx.get(server.url("/health")).json() == {"status": "ok", "forward": "eager"}
     wait_until(lambda: engine_idle(server.engine), what="engine idle")
     samples = server.metrics()
     assert metric(samples, "specwise:kv_cache_blocks_used") == 0
     assert metric(samples, "specwise:kv_cache_blocks_free") == server.engine.block_manager.num_blocks
     assert metric(samples, "specwise:requests_total", route="/v1/completions", status=200) > 0
     assert metric(samples, "specwise:spec_decode_info", method="ngram", policy="static") == 1
+    assert ("specwise:forward_compiled", frozenset()) in samples and metric(samples, "specwise:forward_compiled") == 0

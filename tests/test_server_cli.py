@@ -53,6 +53,9 @@ def test_serve_compiles_unless_told_not_to_and_other_commands_do_not():
         return dataclass_from_args(EngineConfig, build_parser().parse_args(argv)).compile
     assert compiles(["serve"]) and not compiles(["serve", "--no-compile"])
     assert not compiles(["generate", "--prompt", "hi"]) and compiles(["generate", "--prompt", "hi", "--compile"])
+    # evaluate: the compiled graphs if the cache holds them (None), else as told
+    assert compiles(["evaluate"]) is None and compiles(["evaluate", "--compile"]) is True
+    assert compiles(["evaluate", "--no-compile"]) is False
 
 
 def free_port() -> int:
@@ -107,13 +110,13 @@ def test_specwise_serve_subprocess(tmp_path):
 
 
 @cpu_kernels
-def test_serve_compiles_by_default_and_says_what_compiling_needs(tmp_path):
-    """`specwise serve` compiles the model unless told --no-compile; on a machine without a C++ compiler it
-    stops at start-up with an error naming the compiler and the way out, rather than serving or hanging."""
+def test_serve_waiting_for_compile_says_what_compiling_needs(tmp_path):
+    """`specwise serve --wait-for-compile` compiles the model before serving; on a machine without a C++ compiler
+    it stops at start-up with an error naming the compiler and the way out, rather than serving or hanging."""
     config = make_tiny_hf_config()
     model = write_hf_checkpoint(tmp_path / "tiny-hf", config, random_state_dict(config))
     command = [sys.executable, "-m", "specwise.cli", "serve", "--model", str(model), "--port", str(free_port()),
-               "--max-model-len", "64", "--num-kv-blocks", "32", "--dtype", "float32"]
+               "--max-model-len", "64", "--num-kv-blocks", "32", "--dtype", "float32", "--wait-for-compile"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CXX": str(tmp_path / "no-such-compiler"),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}       # nothing compiled earlier to reuse
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -23,7 +23,9 @@ def register(subparsers) -> None:
     launched = evaluate.add_argument_group("launched engine (--engine: one vLLM or SGLang server per --methods arm)")
     add_dataclass_args(launched, LaunchConfig)
     engine = evaluate.add_argument_group("in-process engine (for the --methods arms; --model also for --engine)")
-    add_dataclass_args(engine, EngineConfig, exclude=ENGINE_EXCLUDE)
+    # --compile unset: the compiled graphs when the compile cache holds them (the forward `specwise serve` runs),
+    # else eager, and the start-up line says so
+    add_dataclass_args(engine, EngineConfig, exclude=ENGINE_EXCLUDE, defaults={"compile": None})
     evaluate.set_defaults(handler=run_evaluate)
 
     report = subparsers.add_parser(

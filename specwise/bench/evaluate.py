@@ -188,8 +188,8 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
         by_name.update((target.name, target) for target in targets)
         max_len, shutdown = async_engine.engine.max_model_len, async_engine.shutdown
         kernels = async_engine.engine.kernels
-        eager_note = "" if kernels["compiled"] else " (`specwise serve` compiles by default: --compile measures that)"
-        print(f"specwise: engine: {async_engine.engine.kernel_line}{eager_note}", file=sys.stderr, flush=True)
+        print(f"specwise: engine: {async_engine.engine.kernel_line}{_measured_forward(async_engine.engine)}",
+              file=sys.stderr, flush=True)
         model = (engine_config and engine_config.model) or DEFAULT_MODEL_NAME
     if config.tokenizer and tokenizer is None:
         tokenizer = LocalTokenizer(config.tokenizer)
@@ -200,6 +200,18 @@ def _arms(config: EvaluateConfig, engine_config: EngineConfig | None, specs: lis
                                             timeout=config.request_timeout, headers=headers)
     return Arms(specs, [by_name[spec.name] for spec in specs], tokenizer, max_len, model, shutdown=shutdown,
                 kernels=kernels)
+
+
+def _measured_forward(engine) -> str:
+    """Which forward the in-process arms measure, said against the one `specwise serve` runs by default: its
+    compiled graphs once the compile cache holds them (its first start compiles them in the background)."""
+    if engine.compiled:
+        return " (the forward `specwise serve` runs)"
+    if engine.pending_compile is not None:
+        return ("; measuring the EAGER engine: the compile cache holds no compiled graphs for these settings yet, "
+                "and `specwise serve` runs those once it has compiled them. To measure them: add --compile (it "
+                "compiles first, minutes), or run this again after a first `specwise serve`")
+    return " (--no-compile: `specwise serve` runs compiled graphs; --compile measures those)"
 
 
 def _baseline(config: EvaluateConfig, specs: list[ArmSpec]) -> str:

@@ -26,8 +26,11 @@ from specwise.engine.sampling.logits_processors import LogitsProcessing
 from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
 from specwise.errors import InputError
-from specwise.models.loader import Checkpoint, build_model, load_checkpoint
-from specwise.models.capabilities import compute_dtype, cpu_capabilities, describe_kernels, linear_path
+from specwise.engine.target_model import build_target
+from specwise.models.capabilities import cpu_capabilities, describe_kernels, linear_path
+from specwise.models.compiled import CompiledForward, GraphSet
+from specwise.models.loader import Checkpoint
+from specwise.models.quantize import pack_weights
 from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
@@ -55,25 +58,25 @@ class LLMEngine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)     # process-wide, as torch has it
         self.num_threads = torch.get_num_threads()
-        self.dtype = compute_dtype(config.dtype, config.device)
-        checkpoint = checkpoint or load_checkpoint(config.model, self.dtype)
-        self.tokenizer = checkpoint.tokenizer
-        self.model_config = checkpoint.config
-        self.max_model_len = min(config.max_model_len, checkpoint.config.max_position_embeddings)
-        self.model = build_model(checkpoint, self.dtype, config.device, self.max_model_len, config.quantization,
-                                 config.compile)
-        # what runs, for start-up lines and run.json: "bf16, linears: bf16 oneDNN packed (CPU AVX512, x86_64)"
-        self.kernel_line = describe_kernels(self.dtype, config.quantization, config.device, config.compile) + \
-            (", compiled" if config.compile else ", eager")
-        self.kernels = {"dtype": str(self.dtype).removeprefix("torch."), "compiled": config.compile,
-                        "linears": linear_path(self.dtype, config.quantization, config.device, config.compile),
-                        "cpu": cpu_capabilities().to_dict()}
+        # compile True: every graph compiled (or loaded) now; None: the graphs if the compile cache holds them,
+        # else eager, with `pending_compile` naming the graphs for whoever compiles them elsewhere (serve); False: eager
+        target = build_target(config, checkpoint, for_compile=config.compile is not False)
+        self.dtype, self.max_model_len, self.model = target.dtype, target.max_model_len, target.model
+        self.tokenizer = target.checkpoint.tokenizer
+        self.model_config = target.checkpoint.config
+        graph_set = None if config.compile is False else GraphSet.of(self.model, self.dtype)
+        self.compiled = config.compile is True or (graph_set is not None and graph_set.cached())
+        self.pending_compile: GraphSet | None = None
+        if config.compile is None and not self.compiled:
+            pack_weights(self.model, self.dtype, config.quantization, config.device)    # eager's fastest linears
+            self.pending_compile = graph_set
+        self._describe()
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_gb * 2**30 // kv_block_bytes(self.model, config.block_size, self.dtype))
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device,
-                                  config.compile)
+                                  self.compiled, graph_set)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         self.runner.processing = LogitsProcessing(self.tokenizer.eos_token_ids, self.grammars)
         # a sequence that fills the whole KV cache ends with "length" (it could never be scheduled again)
@@ -86,6 +89,23 @@ class LLMEngine:
         self.failed_steps = FailedSteps()
         self.proposer = None
         self.set_speculative(config.speculative, config.num_speculative_tokens)
+
+    def _describe(self) -> None:
+        """What runs, for start-up lines and run.json: "bf16, linears: bf16 oneDNN packed (CPU AVX512, x86_64), eager"
+        (the switch to compiled graphs says it again)."""
+        config = self.config
+        self.kernel_line = describe_kernels(self.dtype, config.quantization, config.device, self.compiled) + \
+            (", compiled" if self.compiled else ", eager")
+        self.kernels = {"dtype": str(self.dtype).removeprefix("torch."), "compiled": self.compiled,
+                        "linears": linear_path(self.dtype, config.quantization, config.device, self.compiled),
+                        "cpu": cpu_capabilities().to_dict()}
+
+    def use_compiled(self, forward: CompiledForward) -> None:
+        """Step through forward from the next step on (graphs loaded from the cache; run here once first, over a
+        scratch cache). Between steps only, on the thread that steps. What a graph raises is raised, eager kept."""
+        self.runner.use_forward(forward)
+        self.compiled, self.pending_compile = True, None
+        self._describe()
 
     def set_speculative(self, speculative: str | None, num_speculative_tokens: int) -> None:
         """Switch drafting method between requests (the evaluator runs every arm on one load)."""

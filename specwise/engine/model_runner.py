@@ -29,7 +29,7 @@ from specwise.engine.spec_decode.draft_tree import DraftTree
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
 from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk, step_metadata
-from specwise.models.compiled import CompiledForward
+from specwise.models.compiled import CompiledForward, GraphSet, scratch_cache
 from specwise.models.llama import LlamaForCausalLM
 
 
@@ -41,7 +41,7 @@ def kv_block_bytes(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype)
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: str = "cpu", compiled: bool = False):
+                 device: str = "cpu", compiled: bool = False, graph_set: GraphSet | None = None):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -51,7 +51,9 @@ class ModelRunner:
                        config.head_dim)
         self.kv_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
         # the model's forward, or its compiled graphs (models/compiled.py), compiled now, not at the first request
-        self.forward_fn = CompiledForward(model, self.kv_cache) if compiled else model
+        self.forward_fn = CompiledForward(model, self.kv_cache, graph_set) if compiled else model
+        # the forwards' depths asked for (None: all layers; a layer-skip drafter's L), compiled or not
+        self.depths: list[int | None] = [None]
         self.generators: dict[int, torch.Generator] = {}
         # penalties, min_tokens, logit_bias, grammars; the engine shares one with its drafters
         self.processing = LogitsProcessing([])
@@ -67,8 +69,20 @@ class ModelRunner:
     def warm_up(self, num_layers: int) -> None:
         """Compile now (under --compile) the graphs of a forward through the first num_layers layers. Only while
         no request is in flight (as drafters are set up): the warm-up's prefills write the cache's first slots."""
+        if num_layers not in self.depths:
+            self.depths.append(num_layers)
         if isinstance(self.forward_fn, CompiledForward):
             self.forward_fn.warm_up(self.kv_cache, num_layers)
+
+    def use_forward(self, forward: CompiledForward) -> None:
+        """Run forward from the next step on, once each of its graphs has run over a scratch cache (this cache
+        may hold K/V of requests in flight). Between steps only; what a graph raises is raised, nothing changed."""
+        forward.check(scratch_cache(self.kv_cache))
+        self.forward_fn = forward
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's LM head as this runner runs it (compiled or not), hidden [rows, hidden] -> [rows, vocab]."""
+        return self.forward_fn.compute_logits(hidden)
 
     def blocks_for(self, num_slots: int) -> int:
         return -(-num_slots // self.block_size)

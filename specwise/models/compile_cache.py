@@ -115,8 +115,8 @@ class CompileCache:
         self.directory = Path(self._scratch.name)
 
     def _open(self, root: Path, key: dict) -> Path:
-        text = json.dumps(key, indent=1, sort_keys=True) + "\n"
-        directory = root / hashlib.sha256(text.encode()).hexdigest()[:24]
+        text = _key_text(key)
+        directory = entry_directory(root, key)
         manifest = directory / "key.json"
         if directory.is_dir() and (not manifest.is_file() or manifest.read_text() != text):
             note(f"the compile cache entry {directory} was made for other settings; compiling it again")
@@ -161,6 +161,32 @@ class CompileCache:
 
     def _checksum_path(self, name: str) -> Path:
         return self.directory / f"{name}.pt2.sha1"
+
+
+def _key_text(key: dict) -> str:
+    return json.dumps(key, indent=1, sort_keys=True) + "\n"
+
+
+def entry_directory(root: Path, key: dict) -> Path:
+    """Where the entry for key lives under root (it may not exist)."""
+    return root / hashlib.sha256(_key_text(key).encode()).hexdigest()[:24]
+
+
+def holds(key: dict, names: list[str]) -> bool:
+    """Whether the cache already holds every named graph for key, each with its checksum, creating and pruning
+    nothing (the checksums themselves are checked when the packages load)."""
+    root = cache_root()
+    if root is None:
+        return False
+    directory = entry_directory(root, key)
+    manifest = directory / "key.json"
+    try:
+        if not manifest.is_file() or manifest.read_text() != _key_text(key):
+            return False
+    except OSError:
+        return False
+    return all((directory / f"{name}.pt2").is_file() and (directory / f"{name}.pt2.sha1").is_file()
+               for name in names)
 
 
 def _sha1(path: Path) -> str:

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from specwise.errors import ConfigError
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
-from specwise.models.compile_cache import CompileCache, entry_key, note, source_digest
+from specwise.models.compile_cache import CompileCache, entry_key, holds, note, source_digest
 from specwise.models.llama import LlamaForCausalLM
 
 BUCKETS = (1, 2, 4)             # token counts with a static graph (C++ GEMM template); steps are padded up to one
@@ -95,18 +95,59 @@ class Graph:
         return f"the {size}-token{depth} graph"
 
 
-class CompiledForward:
-    """model's forward, compiled (all graphs at construction): same arguments, same result within rounding."""
+@dataclass(frozen=True)
+class GraphSet:
+    """What the graphs are made for, taken from the model as --compile builds it (bf16 linears left plain for
+    inductor to pack): the cache entry's key, and whether the LM head is compiled. A runner that serves eagerly
+    while they compile packs its own weights meanwhile; the set still names the graphs of the unpacked model."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor):
-        self.model = model
+    key: dict
+    logits_compiled: bool
+
+    @classmethod
+    def of(cls, model: LlamaForCausalLM, dtype: torch.dtype) -> "GraphSet":
         # int8/int4 LM heads run their own kernels, not inductor's: eagerly
-        self.logits_compiled = isinstance(model.lm_head, torch.nn.Linear)
-        self.cache = CompileCache(entry_key(model, kv_cache.dtype, BUCKETS, sys.modules[__name__]))
+        return cls(entry_key(model, dtype, BUCKETS, sys.modules[__name__]), isinstance(model.lm_head, torch.nn.Linear))
+
+    def graphs(self, num_layers: int | None = None) -> list[Graph]:
+        """The graphs of a forward through the first num_layers layers (None: all, with the LM head's)."""
+        graphs = [Graph("forward", rows, num_layers) for rows in BUCKETS + (None,)]
+        if self.logits_compiled and num_layers is None:
+            graphs += [Graph("logits", rows) for rows in BUCKETS + (None,)]
+        return graphs
+
+    def count(self, depths: tuple[int | None, ...] = (None,)) -> int:
+        return sum(len(self.graphs(depth)) for depth in depths)
+
+    def cached(self, depths: tuple[int | None, ...] = (None,)) -> bool:
+        """Whether the compile cache already holds every graph of these depths (nothing is created)."""
+        return holds(self.key, [graph.name for depth in depths for graph in self.graphs(depth)])
+
+
+class MissingGraph(RuntimeError):
+    """A graph a load-only CompiledForward needs is not in the cache, or its package does not load."""
+
+
+class CompiledForward:
+    """model's forward, compiled (all graphs at construction): same arguments, same result within rounding.
+
+    graph_set: what the graphs were made for (default: this model, as --compile builds it). compile_missing=False
+    only loads: a graph the cache lacks raises MissingGraph (the model may then be one packed for eager serving,
+    which must not be compiled). run_now=False: the graphs are not run at construction (`check` runs them
+    later, on the thread that steps the engine, over a scratch cache)."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, graph_set: GraphSet | None = None,
+                 depths: tuple[int | None, ...] = (None,), compile_missing: bool = True, run_now: bool = True):
+        self.model = model
+        self.graph_set = graph_set or GraphSet.of(model, kv_cache.dtype)
+        self.logits_compiled = self.graph_set.logits_compiled
+        self.compile_missing = compile_missing
+        self.cache = CompileCache(self.graph_set.key)
         self.runs: dict[Graph, Run] = {}
         self.loaded: set[Graph] = set()     # graphs whose package came from the cache
         self.num_compiled = 0               # graphs compiled by this engine
-        self.warm_up(kv_cache)
+        for depth in depths:
+            self.warm_up(kv_cache, depth, run_now)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                  num_layers: int | None = None) -> torch.Tensor:
@@ -130,22 +171,21 @@ class CompiledForward:
         return run([F.pad(hidden, (0, 0, 0, bucket - num_rows))])[0][:num_rows]
 
     @torch.inference_mode()
-    def warm_up(self, kv_cache: torch.Tensor, num_layers: int | None = None) -> None:
+    def warm_up(self, kv_cache: torch.Tensor, num_layers: int | None = None, run: bool = True) -> None:
         """Make ready every graph of a forward through the first num_layers layers (None: all), from the cache
-        or compiled (a line on stderr for each: it takes minutes), and run each once: prefills written to the
-        first slots (any sequence that later holds those blocks writes its own keys there before reading them).
-        A cached graph that does not run is compiled again."""
+        or compiled (a line on stderr for each: it takes minutes), and run each once (unless not `run`):
+        prefills written to the first slots (any sequence that later holds those blocks writes its own keys
+        there before reading them). A cached graph that does not run is compiled again."""
         started, compiled_before = time.perf_counter(), self.num_compiled
-        graphs = [Graph("forward", rows, num_layers) for rows in BUCKETS + (None,)]
-        if self.logits_compiled and num_layers is None:
-            graphs += [Graph("logits", rows) for rows in BUCKETS + (None,)]
+        graphs = self.graph_set.graphs(num_layers)
         for index, graph in enumerate(graphs):
             progress = f" ({index + 1} of {len(graphs)})"
             try:
                 self._ready(graph, kv_cache, progress)
-                self._try(graph, kv_cache)
+                if run:
+                    self._try(graph, kv_cache)
             except Exception as error:      # a cached package that loads but does not run
-                if graph not in self.loaded:
+                if graph not in self.loaded or not self.compile_missing:
                     raise
                 note(f"the cached graph {self.cache.path(graph.name)} does not run ({_first_line(error)}); "
                      f"compiling it again")
@@ -157,6 +197,13 @@ class CompiledForward:
         where = f"kept in {self.cache.directory}" if self.cache.kept else "not kept: SPECWISE_COMPILE_CACHE is off"
         verb = f"compiled {compiled} of {len(graphs)} graphs" if compiled else f"loaded {len(graphs)} compiled graphs"
         note(f"{verb} in {time.perf_counter() - started:.0f} s ({where})")
+
+    @torch.inference_mode()
+    def check(self, kv_cache: torch.Tensor) -> None:
+        """Run every graph once over kv_cache (a scratch cache of DYNAMIC_WARM_UP slots or more: a runner's own
+        may hold K/V of requests in flight); raises what a graph raises."""
+        for graph in self.runs:
+            self._try(graph, kv_cache)
 
     def _run(self, graph: Graph, kv_cache: torch.Tensor | None) -> Run:
         if graph not in self.runs:
@@ -173,8 +220,12 @@ class CompiledForward:
                 self.loaded.add(graph)
                 return
             except Exception as error:
+                if not self.compile_missing:
+                    raise MissingGraph(f"the cached graph {path} does not load ({_first_line(error)})") from error
                 note(f"the cached graph {path} does not load ({_first_line(error)}); compiling it again")
                 self.cache.discard(graph.name)
+        if not self.compile_missing:
+            raise MissingGraph(f"{graph.describe()} is not in the compile cache ({path})")
         self.loaded.discard(graph)
         self.num_compiled += 1
         note(f"compiling {graph.describe()}{progress}")
@@ -212,6 +263,12 @@ class CompiledForward:
         slots = torch.arange(rows, device=kv_cache.device)
         with step_metadata(AttentionMetadata(slots, [PrefillChunk(0, rows)], [])):
             self.runs[graph]([torch.zeros(rows, dtype=torch.long, device=kv_cache.device), slots, kv_cache])
+
+
+def scratch_cache(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A KV cache shaped as kv_cache but of DYNAMIC_WARM_UP slots, for `check` (the graphs take any slot count)."""
+    layers, pair, heads, _, head_dim = kv_cache.shape
+    return torch.zeros(layers, pair, heads, DYNAMIC_WARM_UP, head_dim, dtype=kv_cache.dtype, device=kv_cache.device)
 
 
 def compile_graph(module: torch.nn.Module, example: tuple, dynamic_shapes: tuple, autotune: bool,

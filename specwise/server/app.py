@@ -102,7 +102,8 @@ def service_routes(serving: Serving) -> APIRouter:
             raise APIError(503, f"the engine is dead: {serving.async_engine.dead}", code="engine_dead")
         if not serving.async_engine.thread.is_alive():
             raise APIError(503, "the engine thread has stopped", code="engine_stopped")
-        return {"status": "ok"}
+        # which forward serves: "compiled" graphs, or "eager" (without --compile, or while they compile)
+        return {"status": "ok", "forward": "compiled" if serving.engine.compiled else "eager"}
 
     @router.get("/metrics")
     async def metrics():

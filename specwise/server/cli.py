@@ -1,5 +1,10 @@
 """`specwise serve`: the OpenAI-compatible server on one engine (EngineConfig + ServerConfig flags).
 
+Start-up under --compile (the default): the compiled graphs when the compile cache holds them (seconds), else
+the eager engine at once while another process compiles them, switching over when they are ready
+(engine/background_compile.py); --wait-for-compile (or SPECWISE_COMPILE_CACHE=off, which leaves the other
+process nowhere to put them) compiles them before serving.
+
 Exit status: 0 after SIGINT or SIGTERM (in-flight requests get --shutdown-timeout seconds to finish,
 new connections are refused meanwhile); 1 when the engine died (async_engine.py), after
 DEAD_DRAIN_S seconds in which the error events of the streams it ended are sent, so a supervisor
@@ -47,7 +52,9 @@ def run_serve(args) -> int:
     import uvicorn
 
     from specwise.engine.async_engine import AsyncEngine
+    from specwise.engine.background_compile import BackgroundCompile
     from specwise.engine.llm_engine import LLMEngine
+    from specwise.models.compile_cache import cache_root
     from specwise.server.app import api_keys, create_app
 
     config = dataclass_from_args(ServerConfig, args)
@@ -55,18 +62,26 @@ def run_serve(args) -> int:
     if not config.is_loopback and not api_keys(config):
         print(f"specwise: warning: serving on {config.host} without an API key: anyone who can reach this "
               f"address can use the model", file=sys.stderr)
+    if engine_config.compile and not config.wait_for_compile and cache_root() is not None:
+        engine_config.compile = None        # the cached graphs, else eager now and compiled in the background
     async_engine = AsyncEngine(lambda: LLMEngine(engine_config))     # built on the step thread
     print(f"specwise: engine: {async_engine.engine.kernel_line}", file=sys.stderr, flush=True)
     app = create_app(async_engine, config)
     server = uvicorn.Server(uvicorn_config(app, config))
     async_engine.on_dead.append(lambda reason: exit_after_drain(server))
-    print(f"specwise: serving {app.state.model!r} on http://{config.host}:{config.port}/v1", file=sys.stderr)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)      # else the re-raised SIGTERM kills the process: status -15
+    background = None
     try:
+        if async_engine.engine.pending_compile is not None:
+            background = BackgroundCompile(async_engine)
+        print(f"specwise: serving {app.state.model!r} on http://{config.host}:{config.port}/v1", file=sys.stderr)
         server.run()
     except (KeyboardInterrupt, Terminated):   # uvicorn re-raises the signal it already handled by shutting down
         pass
+    finally:
+        if background is not None:
+            background.stop()               # no compile process outlives the server, however it ends
     if async_engine.dead is not None:
         print(f"specwise: the engine is dead ({async_engine.dead}); exiting with status 1", file=sys.stderr)
         return 1

@@ -32,6 +32,10 @@ class ServerConfig:
                                         "clients' pool expiry (httpx: 5 s) so a reused connection is never "
                                         "closed under a request"})
     log_level: str = field(default="warning", metadata={"help": "uvicorn log level"})
+    wait_for_compile: bool = field(
+        default=False, metadata={"help": "with --compile, when the compile cache lacks the graphs: compile them "
+                                         "before serving (minutes), instead of serving eagerly at once while another "
+                                         "process compiles them and switching over when they are ready"})
 
     def __post_init__(self):
         if not self.host:

@@ -102,6 +102,8 @@ class EngineCollector(Collector):
         yield gauge("specwise:num_requests_waiting", "Requests waiting for the batch", len(engine.scheduler.waiting))
         yield gauge("specwise:num_requests_admitted", "Requests the server holds (bounded by max_num_seqs + "
                     "max_queue)", self.admitted())
+        yield gauge("specwise:forward_compiled", "1 while the compiled graphs serve, 0 while the eager forward does "
+                    "(without --compile, or while the graphs compile in the background)", int(engine.compiled))
         yield gauge("specwise:kv_cache_blocks_used", "KV-cache blocks in use", engine.block_manager.num_used_blocks)
         yield gauge("specwise:kv_cache_blocks_free", "KV-cache blocks free", engine.block_manager.num_free_blocks)
         yield counter("specwise:spec_decode_num_drafts", "Verification steps that carried draft tokens", stats.drafts)

@@ -58,8 +58,9 @@ class DraftLMHead:
 
     def __init__(self, model: LlamaForCausalLM, draft_vocab: list[int] | None, context: ProposerContext):
         self.model = model
-        # the target's LM head as its runner runs it (under --compile: the compiled head's graphs)
-        self.full_logits = context.runner.forward_fn.compute_logits
+        # the target's LM head as its runner runs it (under --compile: the compiled head's graphs, from the
+        # step a server switches to them on)
+        self.full_logits = context.runner.compute_logits
         self.draft_vocab = None
         if draft_vocab is not None:
             self.draft_vocab = torch.tensor(draft_vocab, device=context.device)                # [A]
