@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from capability_marks import needs_cxx
+from capability_marks import cpu_kernels, needs_cxx
 from test_server_cli import REPO, free_port, wait_for_health
 from test_server_harness import ServerThread, metric, wait_until
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
@@ -78,6 +78,7 @@ def gone(pid: int) -> bool:
 
 
 @needs_cxx
+@cpu_kernels
 def test_serves_eagerly_while_compiling_then_switches_with_the_same_tokens(model, tmp_path, capfd):
     gate = tmp_path / "gate"
     os.mkfifo(gate)

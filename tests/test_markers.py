@@ -7,9 +7,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-# What makes a test's outcome depend on the CPU: a reduced dtype, a weight-quantized kernel, compiling, or the
-# capability probe itself. (The calculators' "bf16" strings are names in a catalog, not kernels: not matched.)
-KERNEL_WORDS = re.compile(r"torch\.bfloat16|quantiz|int8|int4|compile=True|--compile|capabilities")
+# What makes a test's outcome depend on the CPU: a reduced dtype, a weight-quantized kernel, compiling, the
+# capability probe itself, or a stated need for one of them (capability_marks). (The calculators' "bf16" strings are names in a catalog, not kernels: not matched.)
+KERNEL_WORDS = re.compile(r"torch\.bfloat16|quantiz|int8|int4|compile=True|--compile|capabilities|needs_cxx|"
+                          r"needs_onednn_bf16|needs_native_bf16")
 
 
 def needs_mark_but_lacks_it(source: str) -> bool:
@@ -25,5 +26,6 @@ def test_every_kernel_dependent_test_file_runs_again_held_to_avx2():
 def test_the_check_catches_what_it_looks_for():
     assert needs_mark_but_lacks_it("llm = LLM(model, dtype=torch.bfloat16)")
     assert needs_mark_but_lacks_it('main(["generate", "--compile"])')
+    assert needs_mark_but_lacks_it("@needs_cxx\ndef test_compiles(): ...")
     assert not needs_mark_but_lacks_it("pytestmark = cpu_kernels\nllm = LLM(model, dtype=torch.bfloat16)")
     assert not needs_mark_but_lacks_it('DeploymentConfig(weight_dtype="bf16")')
