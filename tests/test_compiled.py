@@ -239,3 +239,18 @@ def test_every_setting_the_graphs_depend_on_changes_the_entry(checkpoint, monkey
         changed.append(entry_key(model, torch.float32, (1, 2, 4)))
     assert all(key != base for key in changed)
     assert len({json.dumps(key, sort_keys=True) for key in changed}) == len(changed)
+
+
+def test_holds_says_whether_every_graph_is_there_and_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
+    key = {"weights": "abc", "threads": 1}
+    assert not compile_cache.holds(key, ["forward-1"]) and not (tmp_path / "cache").exists()
+    entry = CompileCache(key)
+    assert not compile_cache.holds(key, ["forward-1"])
+    entry.store("forward-1", lambda path: open(path, "wb").write(b"graph"))
+    assert compile_cache.holds(key, ["forward-1"]) and not compile_cache.holds(key, ["forward-1", "forward-2"])
+    assert not compile_cache.holds({"weights": "other", "threads": 1}, ["forward-1"])
+    (entry.directory / "forward-1.pt2.sha1").unlink()                 # a package without its checksum is not used
+    assert not compile_cache.holds(key, ["forward-1"])
+    monkeypatch.setenv(compile_cache.ENV, "off")
+    assert not compile_cache.holds(key, [])
