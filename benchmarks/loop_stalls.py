@@ -9,11 +9,14 @@ were late by > 0.1 s and > 1 s, the latest one, and the innermost frames sampled
 while the loop was late, with their counts: the code that held the loop (or waited for the GIL
 there). A probe that is slow while every heartbeat is on time waited elsewhere (the listen
 backlog, the client). Diagnostic only: it adds a thread, so its figures are not the product's.
+$LOOP_STALLS_SWITCH_INTERVAL=S sets sys.setswitchinterval(S) first (an experiment: how much of a stall
+is the event loop waiting its turn for the GIL that the step thread holds between torch calls).
 """
 
 import asyncio
 import atexit
 import collections
+import os
 import sys
 import threading
 import time
@@ -87,6 +90,8 @@ def run_forever(self):
 
 
 if __name__ == "__main__":
+    if os.environ.get("LOOP_STALLS_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["LOOP_STALLS_SWITCH_INTERVAL"]))
     asyncio.BaseEventLoop.run_forever = run_forever
     atexit.register(WATCH.report)
     from specwise.cli import main

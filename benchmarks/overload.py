@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import sys
 import tempfile
 import time
@@ -100,6 +101,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--drop-every-th", type=int, default=8, help="every n-th client hangs up mid-stream")
     parser.add_argument("--diagnose", action="store_true", help="run the server under loop_stalls.py")
+    parser.add_argument("--switch-interval", type=float, default=None, help="with --diagnose: the server's "
+                        "sys.setswitchinterval (an experiment; Python's default is 0.005)")
     parser.add_argument("--out", type=Path, default=None, help="directory for the server log and results.json")
     parser.add_argument("--checkout", type=Path, default=ROOT, help="whose specwise/ the server runs (default: this "
                         "one; `git archive COMMIT specwise | tar -x -C DIR` for a before/after)")
@@ -107,15 +110,19 @@ def main() -> int:
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="specwise-overload-"))
     launcher = [sys.executable, str(Path(__file__).with_name("loop_stalls.py"))] if args.diagnose else None
+    if args.switch_interval is not None:
+        if not args.diagnose:
+            parser.error("--switch-interval needs --diagnose (loop_stalls.py sets it)")
+        os.environ["LOOP_STALLS_SWITCH_INTERVAL"] = str(args.switch_interval)
     print(f"overload: {args.requests} streaming requests at concurrency {args.concurrency}, max_tokens "
           f"{args.max_tokens}, 1 in {args.drop_every_th} clients dropping; serve {' '.join(args.flags)} from "
-          f"{args.checkout}; "
+          f"{args.checkout}{'' if args.switch_interval is None else f', switch interval {args.switch_interval}'}; "
           f"log {out / 'server.log'}", flush=True)
     with ServeProcess(args.flags, out / "server.log", launcher=launcher, checkout=args.checkout) as server:
         model = httpx.get(server.url("/v1/models"), timeout=30).json()["data"][0]["id"]
         rss_before = server.rss_mb()
         print(f"load average before: {load_average()}", flush=True)
-        started = time.monotonic()
+        started, load_began = time.monotonic(), time.time()
         with Probes(server.port, model) as probes:
             outcomes, header_seconds = asyncio.run(run_load(server.url(""), model, args))
             wall = time.monotonic() - started
@@ -130,6 +137,8 @@ def main() -> int:
                "admission_probe_statuses": dict(collections.Counter(s for _, _, s in probes.records["admission"])),
                "client_seconds_to_headers": {status: latency_summary([(0, s, status) for s in seconds])
                                              for status, seconds in header_seconds.items()},
+               "slowest_health_probes": [{"at_s": round(at - load_began, 1), "ms": round(seconds * 1000, 1)} for
+                                         at, seconds, _ in sorted(probes.records["/health"], key=lambda r: -r[1])[:5]],
                "kv_blocks_used_at_end": metric(end, "specwise:kv_cache_blocks_used"),
                "admitted_at_end": metric(end, "specwise:num_requests_admitted"),
                "rss_mb": [rss_before, rss_after], "server_exit_status": server.exit_status}
@@ -141,6 +150,8 @@ def main() -> int:
                   f"{summary['p99_ms']:8.1f} ms  max {summary['max_ms']:8.1f} ms  no answer {summary['failed']}")
     print(f"  admission probe statuses: {results['admission_probe_statuses']} (latency above: its 429s; 0: "
           f"admitted, then no token within {PROBE_TIMEOUT_S:.0f} s behind the queue)")
+    slowest = ", ".join(f"{probe['ms']} ms at {probe['at_s']} s" for probe in results["slowest_health_probes"])
+    print(f"  slowest /health probes (time from the load's start): {slowest}")
     print(f"  outcomes: {dict(outcomes)}; lost {results['lost']}; never finished {results['unanswered']}")
     for status, summary in results["client_seconds_to_headers"].items():
         print(f"  client's own time to a {status}: p50 {summary['p50_ms']:.1f} ms  p99 {summary['p99_ms']:.1f} ms  "

@@ -8,7 +8,8 @@ Starts `specwise serve` with the arm's drafter (suffix; or ngram with mostly str
 `--max-num-seqs 16 --max-queue 16` (flags after -- are added), on loopback, by PID; ends it by PID
 (SIGTERM, then SIGKILL) whatever happens. Traffic (soak_traffic.py), all of it bounded:
   - --concurrency steady clients, each sending one request after another from the arm's mix (streams
-    and whole answers, n = 2, JSON schemas, forced tool calls, clients hanging up mid-stream);
+    and whole answers, n = 2, JSON schemas, forced tool calls, clients hanging up mid-stream), waiting
+    Retry-After after a 429;
   - every --malformed-every-s a malformed request (must be a 4xx);
   - every --kill-every-s a client process started on a stream and SIGKILLed by PID mid-stream;
   - every --burst-every-min minutes (first at half that; once mid-run when shorter) a burst of
@@ -66,6 +67,8 @@ class Soak:
                 if response.status_code != 200:
                     await response.aread()
                     self.note(status_class(response.status_code))
+                    if steady and response.status_code == 429:        # as a client should: wait Retry-After
+                        await asyncio.sleep(float(response.headers.get("retry-after", "1")))
                     return
                 if read == "whole":
                     await response.aread()
