@@ -21,7 +21,8 @@ Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
 (engine/step_fit.py) costs the step as it is: its rows, the KV tokens they read and the rows it
 samples; where the profile holds the speculating server's own fit for the arm's method (a
 calibration against that server), the arm's steps are costed with it. A linear model's request
-overhead (a server's HTTP and tokenizing time) delays each request's admission by that much.
+overhead (a server's HTTP and tokenizing time) delays each request's admission by that much, the
+server taking arriving requests one at a time (a wave sent at once is admitted one overhead apart).
 """
 
 import heapq
@@ -75,6 +76,14 @@ class _Request:
     draft_tokens: int = 0
     accepted: int = 0
     per_position: list[int] = field(default_factory=list)
+    start: np.ndarray = field(default_factory=lambda: np.zeros(3))    # its draws' random start
+    verifications: int = 0
+
+
+# A request's n-th verification draws (u, v, w) = start + n x these, mod 1: a Weyl sequence, spread
+# evenly over [0, 1) along the request's steps (irrational steps, independent of each other), so a
+# request accepts its own rates' share to within a draw or two instead of a binomial's spread.
+WEYL = np.array([(5 ** 0.5 - 1) / 2, 2 ** 0.5 - 1, 3 ** 0.5 - 1])
 
 
 def schedule_step(scheduler: Scheduler, k: int, tree_rows: int, max_model_len: int
@@ -129,12 +138,13 @@ class _Run:
         # reaches the scheduler that long after it is sent
         self.overhead = getattr(self.cost, "request_overhead_s", 0.0)
         self.admitting: list[tuple[float, int]] = []          # heap of (reaches the scheduler, request)
+        self.last_admitted = -math.inf
         self._plan_sends(requests, burstiness, arrivals)
 
     def _request(self, index: int, request: WorkloadRequest, draws: Draws) -> _Request:
         params = SamplingParams(max_tokens=max(1, request.max_tokens), ignore_eos=True)
         seq = Sequence(request.request_id, [0] * prompt_tokens(request)[0], params)
-        return _Request(index, seq, draws, per_position=[0] * self.max_k)
+        return _Request(index, seq, draws, per_position=[0] * self.max_k, start=self.rng.random(3))
 
     def _plan_sends(self, requests, burstiness: float, arrivals) -> None:
         size, lookahead = self.sim.server.block_size, max(self.max_k, self.tree_rows)
@@ -159,7 +169,10 @@ class _Run:
             r.finish = time
             return
         if self.overhead > 0:
-            heapq.heappush(self.admitting, (time + self.overhead, r.index))
+            # the server handles arriving requests one at a time: a wave sent at once is admitted one
+            # overhead apart, so an idle engine starts its first step with the first request alone
+            self.last_admitted = max(time, self.last_admitted) + self.overhead
+            heapq.heappush(self.admitting, (self.last_admitted, r.index))
         else:
             self.scheduler.add(r.seq)
 
@@ -227,7 +240,8 @@ class _Run:
             r = self.by_seq[seq.seq_id]
             accepted, drafted = 0, 0
             if room:
-                u, v, w = self.rng.random(3)
+                r.verifications += 1
+                u, v, w = (r.start + r.verifications * WEYL) % 1.0
                 depth = min(k, room) if not self.tree_rows else k
                 if v < r.draws.fraction:
                     accepted = int(np.sum(u < r.draws.rates[:depth]))
