@@ -109,15 +109,17 @@ class FlatSimulator:
 
     def run(self, requests: list[WorkloadRequest], arm: SpecArm, load: LoadPoint, burstiness: float = 1.0,
             duration: float | None = None, own: dict[str, Draws] | None = None,
-            arrivals: list[float] | None = None) -> FlatResult:
+            arrivals: list[float] | None = None, after: dict[str, str] | None = None) -> FlatResult:
         """`own`: request id -> its measured acceptance; `arrivals`: send times to use instead of
-        the load point's (a replayed run's own), one per request."""
-        return _Run(self, requests, arm, load, burstiness, duration, own, arrivals).simulate()
+        the load point's (a replayed run's own), one per request; `after`: request id -> the id of
+        the session turn it follows (a closed loop's worker holds a turn until that one has finished,
+        as evaluate's session replay does)."""
+        return _Run(self, requests, arm, load, burstiness, duration, own, arrivals, after or {}).simulate()
 
 
 class _Run:
     def __init__(self, sim: FlatSimulator, requests, arm: SpecArm, load: LoadPoint, burstiness, duration, own,
-                 arrivals):
+                 arrivals, after: dict[str, str]):
         self.sim, self.arm, self.load = sim, arm, load
         # a linear profile may hold the speculating server's own fit for this arm's method
         self.cost = sim.cost.for_method(arm.method) if isinstance(sim.cost, LinearStepCost) else sim.cost
@@ -130,6 +132,10 @@ class _Run:
         draws = assign(requests, arm, self.max_k, sim.seed, own)
         self.requests = [self._request(i, r, d) for i, (r, d) in enumerate(zip(requests, draws))]
         self.by_seq = {r.seq.seq_id: r for r in self.requests}
+        index = {request.request_id: i for i, request in enumerate(requests)}
+        self.previous = {i: index[after[request.request_id]] for i, request in enumerate(requests)
+                         if after.get(request.request_id) in index}
+        self.held: dict[int, _Request] = {}               # previous turn's index -> the turn a worker holds
         self.categories = [request.category for request in requests]
         self.errors: dict[int, str] = {}
         self.now, self.steps, self.preemptions, self.peak = 0.0, 0, 0, 0
@@ -177,12 +183,25 @@ class _Run:
             self.scheduler.add(r.seq)
 
     def _send_next(self) -> None:
-        """Closed loop: the next request goes out (an impossible one ends at once: send another)."""
+        """Closed loop: the next request goes out (an impossible one ends at once: send another); a
+        session turn whose previous turn is still running is held by its worker until that ends."""
         while self.pending and self.now < self.duration:
             r = self.pending.popleft()
+            previous = self.previous.get(r.index)
+            if previous is not None and math.isnan(self.requests[previous].finish) \
+                    and not math.isnan(self.requests[previous].send):
+                self.held[previous] = r
+                return
             self._send(r, self.now)
             if r.index not in self.errors:
                 return
+
+    def _finished(self, r: _Request) -> None:
+        """r ended now: a turn held on it goes out, and r's worker sends its next request."""
+        r.finish = self.now
+        if r.index in self.held:
+            self._send(self.held.pop(r.index), self.now)
+        self._send_next()
 
     def simulate(self) -> FlatResult:
         limit = DRAIN_FACTOR * self.duration
@@ -225,8 +244,7 @@ class _Run:
         r = self.by_seq[seq.seq_id]
         self.errors[r.index] = "does not fit in the KV cache"
         self.scheduler.finish(seq, "abort")
-        r.finish = self.now
-        self._send_next()
+        self._finished(r)
 
     def _draw(self, batch: ScheduledBatch, k: int) -> tuple[list[int], list[int]]:
         """Tokens each entry emits and the draft rows it fed (0: verified its last token only)."""
@@ -308,8 +326,7 @@ class _Run:
         r.chunk_tokens.append(emitted)
         if seq.num_output_tokens >= seq.sampling_params.max_tokens:
             self.scheduler.finish(seq, "length")
-            r.finish = self.now
-            self._send_next()
+            self._finished(r)
         else:
             self.scheduler.return_lookahead(seq)
 
