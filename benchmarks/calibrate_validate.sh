@@ -4,6 +4,8 @@
 #
 #   benchmarks/calibrate_validate.sh                 # vLLM for CPU 0.32 (its own venv), off and ngram@4
 #   ENGINE=specwise benchmarks/calibrate_validate.sh # our own server (specwise serve), off and ngram@4
+#   ENGINE=fake benchmarks/calibrate_validate.sh     # tests/fake_engine.py, a step time exactly linear
+#                                                    # (FAKE_ENGINE_STEP_COST): what the method itself misses
 #
 # 1. Starts the plain and the n-gram (k = 4) server side by side, one core each (taskset, as
 #    `evaluate --engine vllm --cores 0/1` places them), and runs `specwise calibrate --endpoint`
@@ -47,6 +49,9 @@ start() {   # NAME CORE PORT [flags...]: its own process group, so that stop_ser
   if [[ $ENGINE == vllm ]]; then
     VLLM_CPU_OMP_THREADS_BIND=$core setsid taskset -c "$core" "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
       --model "$MODEL_DIR" --host 127.0.0.1 --port "$port" "$@" $VLLM_ARGS > "$OUT/servers/$name.log" 2>&1 &
+  elif [[ $ENGINE == fake ]]; then
+    FAKE_ENGINE_START_DELAY=0 FAKE_ENGINE_STEP_COST=${FAKE_ENGINE_STEP_COST:-0.02,0.0005,0.00004,0.002} \
+      setsid "$PY" tests/fake_engine.py serve fake --port "$port" "$@" > "$OUT/servers/$name.log" 2>&1 &
   else
     setsid taskset -c "$core" "$PY" -m specwise serve --port "$port" "$@" $SERVE_ARGS > "$OUT/servers/$name.log" 2>&1 &
   fi
@@ -58,6 +63,8 @@ wait_up() { for _ in $(seq 900); do curl -sf "http://127.0.0.1:$1/v1/models" > /
 PORT_OFF=$(free_port); PORT_NGRAM=$(free_port)
 if [[ $ENGINE == vllm ]]; then
   NGRAM_FLAGS=(--speculative-config "$NGRAM_VLLM" --per-request-spec-decode-metrics summary)
+elif [[ $ENGINE == fake ]]; then
+  NGRAM_FLAGS=(--speculative-config '{"num_speculative_tokens": 4}' --per-request-spec-decode-metrics summary)
 else
   NGRAM_FLAGS=(--speculative ngram --num-speculative-tokens 4)
 fi
@@ -88,7 +95,11 @@ else
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" \
     --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
   stop_servers
-  LIMITS=(--max-num-seqs 64 --max-num-batched-tokens 512 --block-size 16 --kv-cache-tokens 46603)   # serve's, 1 GiB
+  if [[ $ENGINE == fake ]]; then      # the fake prefills whole prompts and never runs out of KV
+    LIMITS=(--max-num-batched-tokens 1000000 --kv-cache-tokens 1000000)
+  else
+    LIMITS=(--max-num-seqs 64 --max-num-batched-tokens 512 --block-size 16 --kv-cache-tokens 46603)   # serve's, 1 GiB
+  fi
 fi
 log "evaluated (load $(cat /proc/loadavg))"
 for n in $(seq "$CALIBRATIONS"); do

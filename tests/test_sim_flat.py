@@ -145,3 +145,17 @@ def test_a_calibrated_servers_logits_rows_request_overhead_and_drafting_fit():
     arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
     spec = simulator.run([request], arm, LoadPoint("concurrency", 1), own={"a": Draws(np.ones(4), 1.0)}).records[0]
     assert spec.chunk_times == pytest.approx([0.035, 0.0618]) and spec.chunk_tokens == [1, 2]
+
+
+def test_a_session_turn_waits_for_the_turn_before_it():
+    """Concurrency 2 over [s-t0, s-t1, x]: the second worker holds s-t1 until s-t0 ends (at 30 ms:
+    a 10 ms prefill and two 10 ms decodes), as evaluate's session replay does; then s-t1 goes out
+    on that worker and x on s-t0's, at the same instant."""
+    requests = [WorkloadRequest(request_id=rid, category="agentic", max_tokens=3, prompt_tokens=8)
+                for rid in ("s-t0", "s-t1", "x")]
+    result = FlatSimulator(constant_cost(), SimServerConfig(), 10_000).run(
+        requests, OFF, LoadPoint("concurrency", 2), after={"s-t1": "s-t0"})
+    sends = {r.request_id: r.send_time for r in result.records}
+    assert sends == pytest.approx({"s-t0": 0.0, "s-t1": 0.03, "x": 0.03})
+    free = FlatSimulator(constant_cost(), SimServerConfig(), 10_000).run(requests, OFF, LoadPoint("concurrency", 2))
+    assert {r.request_id: r.send_time for r in free.records}["s-t1"] == 0.0

@@ -17,6 +17,7 @@ import pytest
 
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
+from specwise.sim.validate import session_turns
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
           "max_model_len": 512}
@@ -104,3 +105,11 @@ def test_an_endpoint_arms_k_comes_from_its_requests_counters(tmp_path, capsys):
     assert "not replayed" not in out
     row = next(line for line in out.splitlines() if line.startswith("ngram-k4 "))
     assert f"{hand_errors()['ngram-k4']['tpot']:+.1%}" in row.split()
+
+
+def test_session_turns_come_from_the_measured_workload():
+    turns = session_turns({"config": {"workload": "suite"}})
+    assert turns["agentic-sql-revenue-t1"] == "agentic-sql-revenue-t0"
+    assert turns["agentic-sql-revenue-t2"] == "agentic-sql-revenue-t1" and "agentic-sql-revenue-t0" not in turns
+    assert session_turns({"config": {"workload": "/no/such/file.jsonl"}}) == {}
+    assert session_turns({}) != {}                    # no config: evaluate's default workload, the suite

@@ -21,7 +21,8 @@ Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
 (engine/step_fit.py) costs the step as it is: its rows, the KV tokens they read and the rows it
 samples; where the profile holds the speculating server's own fit for the arm's method (a
 calibration against that server), the arm's steps are costed with it. A linear model's request
-overhead (a server's HTTP and tokenizing time) delays each request's admission by that much.
+overhead (a server's HTTP and tokenizing time) delays each request's admission by that much, the
+server taking arriving requests one at a time (a wave sent at once is admitted one overhead apart).
 """
 
 import heapq
@@ -75,6 +76,14 @@ class _Request:
     draft_tokens: int = 0
     accepted: int = 0
     per_position: list[int] = field(default_factory=list)
+    start: np.ndarray = field(default_factory=lambda: np.zeros(3))    # its draws' random start
+    verifications: int = 0
+
+
+# A request's n-th verification draws (u, v, w) = start + n x these, mod 1: a Weyl sequence, spread
+# evenly over [0, 1) along the request's steps (irrational steps, independent of each other), so a
+# request accepts its own rates' share to within a draw or two instead of a binomial's spread.
+WEYL = np.array([(5 ** 0.5 - 1) / 2, 2 ** 0.5 - 1, 3 ** 0.5 - 1])
 
 
 def schedule_step(scheduler: Scheduler, k: int, tree_rows: int, max_model_len: int
@@ -100,15 +109,17 @@ class FlatSimulator:
 
     def run(self, requests: list[WorkloadRequest], arm: SpecArm, load: LoadPoint, burstiness: float = 1.0,
             duration: float | None = None, own: dict[str, Draws] | None = None,
-            arrivals: list[float] | None = None) -> FlatResult:
+            arrivals: list[float] | None = None, after: dict[str, str] | None = None) -> FlatResult:
         """`own`: request id -> its measured acceptance; `arrivals`: send times to use instead of
-        the load point's (a replayed run's own), one per request."""
-        return _Run(self, requests, arm, load, burstiness, duration, own, arrivals).simulate()
+        the load point's (a replayed run's own), one per request; `after`: request id -> the id of
+        the session turn it follows (a closed loop's worker holds a turn until that one has finished,
+        as evaluate's session replay does)."""
+        return _Run(self, requests, arm, load, burstiness, duration, own, arrivals, after or {}).simulate()
 
 
 class _Run:
     def __init__(self, sim: FlatSimulator, requests, arm: SpecArm, load: LoadPoint, burstiness, duration, own,
-                 arrivals):
+                 arrivals, after: dict[str, str]):
         self.sim, self.arm, self.load = sim, arm, load
         # a linear profile may hold the speculating server's own fit for this arm's method
         self.cost = sim.cost.for_method(arm.method) if isinstance(sim.cost, LinearStepCost) else sim.cost
@@ -121,6 +132,10 @@ class _Run:
         draws = assign(requests, arm, self.max_k, sim.seed, own)
         self.requests = [self._request(i, r, d) for i, (r, d) in enumerate(zip(requests, draws))]
         self.by_seq = {r.seq.seq_id: r for r in self.requests}
+        index = {request.request_id: i for i, request in enumerate(requests)}
+        self.previous = {i: index[after[request.request_id]] for i, request in enumerate(requests)
+                         if after.get(request.request_id) in index}
+        self.held: dict[int, _Request] = {}               # previous turn's index -> the turn a worker holds
         self.categories = [request.category for request in requests]
         self.errors: dict[int, str] = {}
         self.now, self.steps, self.preemptions, self.peak = 0.0, 0, 0, 0
@@ -129,12 +144,13 @@ class _Run:
         # reaches the scheduler that long after it is sent
         self.overhead = getattr(self.cost, "request_overhead_s", 0.0)
         self.admitting: list[tuple[float, int]] = []          # heap of (reaches the scheduler, request)
+        self.last_admitted = -math.inf
         self._plan_sends(requests, burstiness, arrivals)
 
     def _request(self, index: int, request: WorkloadRequest, draws: Draws) -> _Request:
         params = SamplingParams(max_tokens=max(1, request.max_tokens), ignore_eos=True)
         seq = Sequence(request.request_id, [0] * prompt_tokens(request)[0], params)
-        return _Request(index, seq, draws, per_position=[0] * self.max_k)
+        return _Request(index, seq, draws, per_position=[0] * self.max_k, start=self.rng.random(3))
 
     def _plan_sends(self, requests, burstiness: float, arrivals) -> None:
         size, lookahead = self.sim.server.block_size, max(self.max_k, self.tree_rows)
@@ -159,17 +175,33 @@ class _Run:
             r.finish = time
             return
         if self.overhead > 0:
-            heapq.heappush(self.admitting, (time + self.overhead, r.index))
+            # the server handles arriving requests one at a time: a wave sent at once is admitted one
+            # overhead apart, so an idle engine starts its first step with the first request alone
+            self.last_admitted = max(time, self.last_admitted) + self.overhead
+            heapq.heappush(self.admitting, (self.last_admitted, r.index))
         else:
             self.scheduler.add(r.seq)
 
     def _send_next(self) -> None:
-        """Closed loop: the next request goes out (an impossible one ends at once: send another)."""
+        """Closed loop: the next request goes out (an impossible one ends at once: send another); a
+        session turn whose previous turn is still running is held by its worker until that ends."""
         while self.pending and self.now < self.duration:
             r = self.pending.popleft()
+            previous = self.previous.get(r.index)
+            if previous is not None and math.isnan(self.requests[previous].finish) \
+                    and not math.isnan(self.requests[previous].send):
+                self.held[previous] = r
+                return
             self._send(r, self.now)
             if r.index not in self.errors:
                 return
+
+    def _finished(self, r: _Request) -> None:
+        """r ended now: a turn held on it goes out, and r's worker sends its next request."""
+        r.finish = self.now
+        if r.index in self.held:
+            self._send(self.held.pop(r.index), self.now)
+        self._send_next()
 
     def simulate(self) -> FlatResult:
         limit = DRAIN_FACTOR * self.duration
@@ -212,8 +244,7 @@ class _Run:
         r = self.by_seq[seq.seq_id]
         self.errors[r.index] = "does not fit in the KV cache"
         self.scheduler.finish(seq, "abort")
-        r.finish = self.now
-        self._send_next()
+        self._finished(r)
 
     def _draw(self, batch: ScheduledBatch, k: int) -> tuple[list[int], list[int]]:
         """Tokens each entry emits and the draft rows it fed (0: verified its last token only)."""
@@ -227,7 +258,8 @@ class _Run:
             r = self.by_seq[seq.seq_id]
             accepted, drafted = 0, 0
             if room:
-                u, v, w = self.rng.random(3)
+                r.verifications += 1
+                u, v, w = (r.start + r.verifications * WEYL) % 1.0
                 depth = min(k, room) if not self.tree_rows else k
                 if v < r.draws.fraction:
                     accepted = int(np.sum(u < r.draws.rates[:depth]))
@@ -294,8 +326,7 @@ class _Run:
         r.chunk_tokens.append(emitted)
         if seq.num_output_tokens >= seq.sampling_params.max_tokens:
             self.scheduler.finish(seq, "length")
-            r.finish = self.now
-            self._send_next()
+            self._finished(r)
         else:
             self.scheduler.return_lookahead(seq)
 

@@ -1,7 +1,8 @@
 """`specwise simulate --validate RESULTS_DIR`: a measured `evaluate` run, replayed on paper.
 
 The same requests (each with its measured prompt and output length and its own measured
-acceptance counters), at the same load points, in the same rounds, for the same arms, through
+acceptance counters, a session's turn sent after the turn before it has finished, as evaluate
+sends them), at the same load points, in the same rounds, for the same arms, through
 the flat simulator (sim/flat.py) with the engine's batch limits and KV cache from run.json and
 the given step-cost model (`--profile`). A closed-loop round is replayed as a closed loop of the
 same concurrency over the round's requests in their send order; a rate or trace round sends
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.load.plan import load_workload
+from specwise.bench.load.sessions import session_key
 from specwise.bench.report.recommend import UNSURE, recommend
 from specwise.bench.report.summary import ALL, summarize
 from specwise.bench.results import RequestRecord, read_records, read_run_info
@@ -34,7 +37,7 @@ from specwise.calc.arms import MODEL_FREE, OFF, SpecArm, build_arm
 from specwise.calc.deployment import Deployment
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.step_cost import StepCostModel
-from specwise.errors import InputError
+from specwise.errors import InputError, SpecwiseError
 from specwise.sim.flat import FlatSimulator
 from specwise.sim.records import write_results
 from specwise.sim.request_acceptance import from_record
@@ -101,9 +104,10 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     for record in measured:
         if record.arm in arms and not record.error:
             groups[(record.arm, record.load_kind, record.load_value, record.round)].append(record)
+    after = session_turns(run)
     predicted = []
     for (name, kind, value, round_), records in groups.items():
-        predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records)
+        predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after)
     kept = [r for r in measured if r.arm in arms]
     return Validation(_compare(kept, predicted, run), skipped, predicted)
 
@@ -138,7 +142,23 @@ def _k_from_records(measured: list[RequestRecord], arm: str) -> int | None:
     return max(lengths) if lengths else None
 
 
-def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, records: list[RequestRecord]):
+def session_turns(run: dict) -> dict[str, str]:
+    """request id -> the id of the session turn before it, from the measured run's workload read again
+    (run.json "config"); {} where it cannot be read (a file gone) or is a trace."""
+    config = run.get("config") or {}
+    if config.get("trace"):
+        return {}
+    try:
+        requests, _ = load_workload(config.get("workload") or "suite", per_category=config.get("per_category"))
+    except (SpecwiseError, OSError):
+        return {}
+    turns = {(r.extra.get("session"), r.extra.get("turn")): r.request_id for r in requests
+             if session_key(r) is not None}
+    return {rid: turns[(session, turn - 1)] for (session, turn), rid in turns.items() if (session, turn - 1) in turns}
+
+
+def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, records: list[RequestRecord],
+            after: dict[str, str]):
     """One round of one arm at one point, replayed: predicted records at the measured round's times."""
     records = sorted(records, key=lambda r: r.send_time)
     start = records[0].send_time
@@ -147,7 +167,12 @@ def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, rec
     k = arm.policy.max_k if arm.speculative else 0
     own = {r.request_id: d for r in records if (d := from_record(r, k)) is not None} if k else None
     arrivals = None if load.kind == "concurrency" else [r.send_time - start for r in records]
-    result = simulator.run(requests, arm, load, own=own, arrivals=arrivals)
+    follows = {}                                   # repeats ("id#2") follow their own session's turns
+    for r in records:
+        base, mark, repeat = r.request_id.partition("#")
+        if base in after:
+            follows[r.request_id] = after[base] + mark + repeat
+    result = simulator.run(requests, arm, load, own=own, arrivals=arrivals, after=follows)
     for record in result.records:
         record.send_time += start
         record.round = round_

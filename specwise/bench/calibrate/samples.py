@@ -66,24 +66,24 @@ def _decode(done: list[RequestRecord], drafts) -> tuple[StepSample | None, int, 
     spans, steps, tokens, kv, estimates = 0.0, 0.0, 0.0, 0.0, []
     for r in done:
         times = np.asarray(r.chunk_times) + r.send_time
+        emitted, rows = _per_step(r, drafts, len(done))
+        # tokens made up to each chunk: counted by the server, else the first 1 and then a step's worth each
+        made = np.cumsum(r.chunk_tokens) if r.chunk_tokens else 1 + np.arange(len(times)) * emitted
+        tokens += rows
+        # cached mid-window: all it has but the step's input token
+        kv += r.prompt_tokens + float(np.interp((t0 + t1) / 2, times, made)) - 1
         gap = float(np.median(np.diff(times)))
         inside = np.flatnonzero((times >= t0 - EDGE * gap) & (times <= t1 + EDGE * gap))
         if len(inside) < 2:
             continue
         a, b = inside[0], inside[-1]
-        emitted, rows = _per_step(r, drafts, len(done))
-        # tokens made up to each chunk: counted by the server, else the first 1 and then a step's worth each
-        made = np.cumsum(r.chunk_tokens) if r.chunk_tokens else 1 + np.arange(len(times)) * emitted
         # steps in the window: its chunks; without drafts, where chunks know their tokens, its tokens (a
         # server that fell behind merges two steps' tokens into one chunk)
         count = float(made[b] - made[a]) if r.chunk_tokens and rows == 1 else float(b - a)
-        if count <= 0:
-            continue
-        spans += times[b] - times[a]
-        steps += count
-        estimates.append((times[b] - times[a]) / count)
-        tokens += rows
-        kv += r.prompt_tokens + (made[a] + made[b]) / 2 - 1       # cached: all but the step's input token
+        if count > 0:
+            spans += times[b] - times[a]
+            steps += count
+            estimates.append((times[b] - times[a]) / count)
     if steps < MIN_WINDOW_STEPS * len(done) or not estimates:
         return None, int(steps / max(len(done), 1)), 0.0
     seconds = spans / steps
