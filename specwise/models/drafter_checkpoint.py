@@ -1,5 +1,5 @@
 """A trained drafting head on disk: the directory `specwise train-drafter` writes and
-`--speculative eagle:DIR` / `medusa:DIR` reads.
+`--speculative eagle:DIR` / `eagle3:DIR` / `medusa:DIR` reads.
 
     DIR/drafter.json        {"format": "specwise-drafter", "version": 1, "kind": "eagle" | "eagle3" | "medusa",
                              "num_heads": k (medusa), "aux_layers": [low, mid, high] (eagle3),
