@@ -1,8 +1,9 @@
 """A trained drafting head on disk: the directory `specwise train-drafter` writes and
-`--speculative eagle:DIR` / `medusa:DIR` reads.
+`--speculative eagle:DIR` / `eagle3:DIR` / `medusa:DIR` reads.
 
     DIR/drafter.json        {"format": "specwise-drafter", "version": 1, "kind": "eagle" | "eagle3" | "medusa",
-                             "num_heads": k (medusa), "aux_layers": [low, mid, high] (eagle3), "target": {hidden_size, vocab_size, ...,
+                             "num_heads": k (medusa), "aux_layers": [low, mid, high] (eagle3),
+                             "target": {hidden_size, vocab_size, ...,
                              "tokenizer_sha256"}, "training": {...free-form facts},
                              "draft_vocab": [token ids] or null (optional: the tokens it drafts)}
     DIR/model.safetensors   the head's parameters only (the target's embedding and LM head are reused)

@@ -26,7 +26,8 @@ def model_card(training: dict) -> str:
                 f"initialised {'from the target’s last decoder layer' if settings['init_from_target'] else 'at random'}."]
                if training["kind"] == "eagle" else []),
              *([f"EAGLE-3: the target's residual streams after layers {training.get('aux_layers')} fused; "
-                f"{settings['unroll']} unrolled drafting step(s) in training, feature noise {settings['feature_noise']}, "
+                f"{settings['unroll']} unrolled drafting step(s) in training, feature noise "
+                f"{settings['feature_noise']}, "
                 f"token cross entropy only."] if training["kind"] == "eagle3" else []),
              "",
              f"Wall time: {training['wall_seconds'] / 60:.1f} min of training ({training['data_seconds'] / 60:.1f} min "

@@ -45,7 +45,8 @@ class HeadExport:
         """The line --dry-run prints (and the console before the servers start)."""
         if self.reuse:
             return f"export {self.arm}: reuse {self.out} ({self.why})"
-        return f"export {self.arm}: specwise export-drafter {self.drafter} --format {self.format} --out {self.out} ({self.why})"
+        return (f"export {self.arm}: specwise export-drafter {self.drafter} --format {self.format} --out {self.out} "
+                f"({self.why})")
 
 
 def plan_exports(specs: list[ArmSpec], engine: str, results_dir: Path) -> list[HeadExport]:
@@ -68,7 +69,8 @@ def _where(arm: str, directory: str, engine: str, results_dir: Path) -> HeadExpo
         return HeadExport(arm, directory, fallback, engine, False, f"{beside} is older than the head or incomplete")
     source = Path(directory).expanduser().resolve()
     if source.is_relative_to(PACKAGE):
-        return HeadExport(arm, directory, fallback, engine, False, "a head inside the specwise package: never written to")
+        return HeadExport(arm, directory, fallback, engine, False,
+                          "a head inside the specwise package: never written to")
     if not os.access(source, os.W_OK):
         return HeadExport(arm, directory, fallback, engine, False, f"{directory} is not writable")
     return HeadExport(arm, directory, str(beside), engine, False, "where the recommendation points")
