@@ -142,5 +142,5 @@ def test_the_docs_say_for_every_catalog_gpu_what_checks_it_and_cite_every_series
     text = DOCS.read_text(encoding="utf-8")
     for name in gpu_names():
         assert f"`{name}`" in text, f"docs/published_sweeps.md says nothing of {name}"
-    for url in {p.url for p in load_points()}:
+    for url in {p.url for p in load_points()} | {fit.url for fit in load_step_time_fits()}:
         assert url in text, f"docs/published_sweeps.md does not cite {url}"
