@@ -75,8 +75,9 @@ wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
 for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the machine moves between two
   log "calibration $n (load $(cat /proc/loadavg))"
   # shellcheck disable=SC2086
-  "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" \
-    --budget "$CALIBRATE_BUDGET" --output "$OUT/profile-$n.json" $CALIBRATE_ARGS 2>&1 | tee "$OUT/calibrate-$n.txt"
+  "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" \
+    --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" --budget "$CALIBRATE_BUDGET" \
+    --output "$OUT/profile-$n.json" $CALIBRATE_ARGS 2>&1 | tee "$OUT/calibrate-$n.txt"
 done
 log "calibrated (load $(cat /proc/loadavg))"
 
@@ -92,8 +93,8 @@ if [[ $ENGINE == vllm ]]; then
   LIMITS=(--max-num-seqs 128 --max-num-batched-tokens 2048 --block-size 128 --kv-cache-tokens 93206)
 else
   log "evaluate the same servers as endpoints"
-  "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" \
-    --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
+  "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" \
+    --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
   stop_servers
   if [[ $ENGINE == fake ]]; then      # the fake prefills whole prompts and never runs out of KV
     LIMITS=(--max-num-batched-tokens 1000000 --kv-cache-tokens 1000000)
