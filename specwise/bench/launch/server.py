@@ -236,14 +236,16 @@ def _running(fields: list[str]) -> bool:
 
 def engine_message(lines: list[str]) -> str:
     """See LaunchedServer.engine_message: lines are the log's last ones, oldest first."""
-    raised = [match.group(0) for line in lines if (match := _RAISED.search(line))]
+    raised = [match.group(1) for line in lines if (match := _RAISED.search(line))]
     if raised:
         return raised[0]
     errors = [line for line in lines if "error" in line.lower() or "invalid" in line.lower()]
     return errors[-1] if errors else " | ".join(lines[-TAIL_LINES:]) or "(its log is empty)"
 
 
-_RAISED = re.compile(r"\b[A-Z]\w*(?:Error|Exception): .+")     # "ValueError: ..." after any log prefix
+# "ValueError: ..." opening a line or its message after a log prefix ("... [core.py:1510] ValueError: ..."),
+# not one quoted inside a message (vLLM's warning "can cause fd limit errors like `OSError: [Errno 24] ...`")
+_RAISED = re.compile(r"(?:^|\] )([A-Z]\w*(?:Error|Exception): .+)")
 
 
 def _short(text: str, limit: int = 300) -> str:

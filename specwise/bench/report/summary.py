@@ -254,7 +254,7 @@ def launch_notes(run: dict) -> list[str]:
                      f"for {', '.join(refused)}: relaunched without it; their acceptance comes from the server's "
                      "Prometheus counters, per load point.")
     if launch.get("kv_cache"):
-        notes.append(launch["kv_cache"][0].upper() + launch["kv_cache"][1:] + ".")
+        notes.append(launch["kv_cache"] + ".")
     for server in servers:
         for exit_ in server.get("exits", []):
             notes.append(f"The server of {server['arm']} exited mid-run (exit code {exit_['code']}, start "
