@@ -58,7 +58,7 @@ class BackgroundCompile:
         spec = {"config": dataclasses.asdict(engine.config), "threads": engine.num_threads,
                 "depths": list(self.depths), "key": self.graph_set.key}
         # the engine's steps leave a core to the compile: two OpenMP threads on two cores shared with it stalled
-        # each other (eager TPOT 656 ms median while compiling, 2.7 s gaps, against ~35 ms alone; default model)
+        # each other (default model: eager TPOT 656 ms median while compiling, 2.7 s gaps; capped, 42.9 ms)
         engine.thread_cap = max(1, engine.num_threads - 1)
         self.started = time.monotonic()
         self.process = subprocess.Popen([*(worker or WORKER), json.dumps(spec)], stdin=subprocess.PIPE,
