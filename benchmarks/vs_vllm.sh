@@ -97,14 +97,28 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# start-up, timed from the launch: healthy (/health answers, polled every second), then the first token of one
+# completion sent at once; a specwise server that serves eagerly while its graphs compile (an empty compile
+# cache) is then waited for until it has switched to them, so the next server starts on a quiet machine
 wait_healthy() {  # name url pid
   local start=$SECONDS
   until curl -sf "$2/health" >/dev/null; do
     alive "$3" || { log "$1 exited; last lines of $OUT/$1.log:"; tail -20 "$OUT/$1.log" >&2; exit 1; }
     (( SECONDS - start < START_TIMEOUT )) || { log "$1 not healthy after $START_TIMEOUT s"; exit 1; }
-    sleep 2
+    sleep 1
   done
   log "$1 healthy after $((SECONDS - start)) s"
+  curl -sf "$2/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 1}' >/dev/null
+  log "$1 served its first token after $((SECONDS - start)) s"
+  grep -q "graphs compile in process" "$OUT/$1.log" || return 0
+  until curl -sf "$2/health" | grep -q '"forward":"compiled"'; do
+    alive "$3" || { log "$1 exited; last lines of $OUT/$1.log:"; tail -20 "$OUT/$1.log" >&2; exit 1; }
+    if grep -q "compiling failed" "$OUT/$1.log"; then log "$1: $(grep "compiling failed" "$OUT/$1.log")"; return 0; fi
+    (( SECONDS - start < START_TIMEOUT )) || { log "$1 not switched after $START_TIMEOUT s"; exit 1; }
+    sleep 1
+  done
+  log "$1 switched to its compiled graphs after $((SECONDS - start)) s"
 }
 
 VLLM_PORT=$(free_port)

@@ -87,10 +87,12 @@ def test_serves_eagerly_while_compiling_then_switches_with_the_same_tokens(model
     try:
         before = greedy(server)                     # the compile process has not even started compiling
         assert background.state == "compiling" and forward(server) == ("eager", 0)
+        assert server.engine.thread_cap == max(1, server.engine.num_threads - 1)    # a core left to the compile
         with open(gate, "w") as opened:
             opened.write("go")
         wait_until(lambda: background.state != "compiling", timeout=900, what="the graphs compiled and switched to")
         assert background.state == "compiled", background.reason
+        assert server.engine.thread_cap is None
         assert forward(server) == ("compiled", 1)
         assert greedy(server) == before
     finally:
@@ -109,6 +111,7 @@ def test_a_failed_compile_keeps_the_server_serving_eagerly_with_a_note(model, ca
     try:
         wait_until(lambda: background.state != "compiling", timeout=60, what="the compile process to fail")
         assert background.state == "failed" and background.reason == "no C++ compiler here"
+        assert server.engine.thread_cap is None
         assert forward(server) == ("eager", 0)
         assert all(tokens == 12 for _, tokens in greedy(server))
     finally:

@@ -67,6 +67,7 @@ class LLMEngine:
         graph_set = None if config.compile is False else GraphSet.of(self.model, self.dtype)
         self.compiled = config.compile is True or (graph_set is not None and graph_set.cached())
         self.pending_compile: GraphSet | None = None
+        self.thread_cap: int | None = None       # the most torch threads a step may use (None: no cap)
         if config.compile is None and not self.compiled:
             pack_weights(self.model, self.dtype, config.quantization, config.device)    # eager's fastest linears
             self.pending_compile = graph_set
@@ -104,7 +105,7 @@ class LLMEngine:
         """Step through forward from the next step on (graphs loaded from the cache; run here once first, over a
         scratch cache). Between steps only, on the thread that steps. What a graph raises is raised, eager kept."""
         self.runner.use_forward(forward)
-        self.compiled, self.pending_compile = True, None
+        self.compiled, self.pending_compile, self.thread_cap = True, None, None
         self._describe()
 
     def set_speculative(self, speculative: str | None, num_speculative_tokens: int) -> None:
@@ -240,10 +241,13 @@ class LLMEngine:
         return self._output(seq, [], "", "error", error=reason)
 
     def _set_threads(self, num_tokens: int) -> None:
-        """decode_threads for a step of at most DECODE_STEP_TOKENS tokens, num_threads for a larger one."""
-        if self.config.decode_threads is None:
-            return
-        threads = self.config.decode_threads if num_tokens <= DECODE_STEP_TOKENS else self.num_threads
+        """decode_threads for a step of at most DECODE_STEP_TOKENS tokens, num_threads for a larger one; at most
+        thread_cap (while another process compiles the graphs on this machine, background_compile.py)."""
+        threads = self.num_threads
+        if self.config.decode_threads is not None and num_tokens <= DECODE_STEP_TOKENS:
+            threads = self.config.decode_threads
+        if self.thread_cap is not None:
+            threads = min(threads, self.thread_cap)
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
 

@@ -25,7 +25,7 @@ def run_facts(summary: Summary) -> list[tuple[str, str]]:
     kernels = run.get("kernels")
     if kernels:
         facts.append(("engine", f"{kernels['dtype']}, linears: {kernels['linears']}, "
-                                f"{'compiled' if kernels['compiled'] else 'eager, not the compiled graphs specwise serve runs'}"
+                                f"{'compiled' if kernels['compiled'] else 'eager (not the compiled graphs specwise serve runs)'}"
                                 f" on {kernels['cpu']['isa']}"))
     workload = run.get("workload") or {}
     if workload:
