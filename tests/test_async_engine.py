@@ -218,8 +218,8 @@ def test_a_failed_build_raises_in_the_caller():
 def test_a_fault_no_request_can_be_blamed_for_kills_the_engine(async_engine, monkeypatch):
     """The model raising for every request of a step: every stream ends with EngineDead, new requests are
     refused at once, and the on_dead callbacks hear why."""
-    reasons = []
-    async_engine.on_dead.append(reasons.append)
+    reasons, told = [], threading.Event()
+    async_engine.on_dead.append(lambda reason: (reasons.append(reason), told.set()))
 
     def broken(*args, **kwargs):
         raise RuntimeError("the model is broken")
@@ -237,6 +237,7 @@ def test_a_fault_no_request_can_be_blamed_for_kills_the_engine(async_engine, mon
     monkeypatch.setattr(async_engine.engine.runner, "execute", broken)
     results = asyncio.run(main())
     assert all(isinstance(result, EngineDead) and "the model is broken" in str(result) for result in results)
+    assert told.wait(PATIENCE_S)        # the callbacks run on the step thread after the streams have ended
     assert len(reasons) == 1 and "every request of the step failed" in reasons[0]
     with pytest.raises(EngineDead):
         asyncio.run(collect(async_engine, "abc", SamplingParams(max_tokens=3)))
