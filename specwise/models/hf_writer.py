@@ -122,3 +122,12 @@ def read_checkpoint(directory: str | Path, what: str) -> tuple[dict, dict[str, t
         return json.loads((directory / "config.json").read_text()), load_file(str(directory / "model.safetensors"))
     except (OSError, ValueError, SafetensorError) as e:
         raise ModelLoadError(directory, f"not a {what} directory: {e}") from None
+
+
+def check_weight_shapes(directory: str | Path, weights: dict[str, torch.Tensor], shapes: dict[str, tuple]) -> None:
+    """The checkpoint holds exactly the tensors `shapes` names, each with its shape; else one ModelLoadError."""
+    if set(weights) != set(shapes):
+        raise ModelLoadError(directory, f"weights {sorted(set(weights) ^ set(shapes))[:3]} missing or unexpected")
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != shape:
+            raise ModelLoadError(directory, f"{name} has shape {tuple(weights[name].shape)}, expected {shape}")

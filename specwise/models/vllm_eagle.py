@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle import EagleHead
-from specwise.models.hf_writer import read_checkpoint, split_fused, write_checkpoint
+from specwise.models.hf_writer import check_weight_shapes, read_checkpoint, split_fused, write_checkpoint
 from specwise.models.rope import inverse_frequencies
 
 ARCHITECTURE = "EagleMistralForCausalLM"
@@ -100,11 +100,7 @@ def read_eagle(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if config.get("attention_bias"):
         shapes.update({LAYER + f"self_attn.{p}_proj.bias": (shapes[LAYER + f"self_attn.{p}_proj.weight"][0],)
                        for p in "qkvo"})
-    if set(weights) != set(shapes):
-        raise ModelLoadError(directory, f"weights {sorted(set(weights) ^ set(shapes))[:3]} missing or unexpected")
-    for name, shape in shapes.items():
-        if tuple(weights[name].shape) != shape:
-            raise ModelLoadError(directory, f"{name} has shape {tuple(weights[name].shape)}, expected {shape}")
+    check_weight_shapes(directory, weights, shapes)
     return config, weights
 
 

@@ -25,7 +25,7 @@ import torch
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle3 import Eagle3Head
-from specwise.models.hf_writer import read_checkpoint, split_fused, write_checkpoint
+from specwise.models.hf_writer import check_weight_shapes, read_checkpoint, split_fused, write_checkpoint
 from specwise.models.vllm_eagle import attention_rows, linear, mlp_rows, rms_norm
 
 ARCHITECTURE = "Eagle3LlamaForCausalLM"
@@ -97,11 +97,7 @@ def read_eagle3(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if config.get("attention_bias"):
         shapes.update({LAYER + f"self_attn.{p}_proj.bias": (shapes[LAYER + f"self_attn.{p}_proj.weight"][0],)
                        for p in "qkvo"})
-    if set(weights) != set(shapes):
-        raise ModelLoadError(directory, f"weights {sorted(set(weights) ^ set(shapes))[:3]} missing or unexpected")
-    for name, shape in shapes.items():
-        if tuple(weights[name].shape) != shape:
-            raise ModelLoadError(directory, f"{name} has shape {tuple(weights[name].shape)}, expected {shape}")
+    check_weight_shapes(directory, weights, shapes)
     if weights["d2t"].dtype != torch.int64:
         raise ModelLoadError(directory, f"d2t is {weights['d2t'].dtype}, vLLM adds it to int64 ids")
     return config, weights

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from specwise.errors import ModelLoadError
-from specwise.models.hf_writer import read_checkpoint, write_checkpoint
+from specwise.models.hf_writer import check_weight_shapes, read_checkpoint, write_checkpoint
 from specwise.models.medusa import MedusaHeads
 
 MODEL_TYPE, ARCHITECTURE = "medusa", "MedusaModel"
@@ -53,11 +53,7 @@ def read_medusa(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     for i in range(config["num_heads"]):
         expected[f"blocks.{i}.layers.0.weight"] = (hidden, hidden)
         expected[f"blocks.{i}.layers.0.bias"] = (hidden,)
-    if set(weights) != set(expected):
-        raise ModelLoadError(directory, f"weights {sorted(set(weights) ^ set(expected))[:3]} missing or unexpected")
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise ModelLoadError(directory, f"{name} has shape {tuple(weights[name].shape)}, expected {shape}")
+    check_weight_shapes(directory, weights, expected)
     return config, weights
 
 
