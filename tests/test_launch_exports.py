@@ -3,8 +3,6 @@ before any server starts, launched with the export (the fake engine, tests/fake_
 --dry-run without writing anything; where the export goes is decided per arm (bench/launch/exports.py)."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,28 +29,6 @@ from tiny_models import tiny_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = f"{sys.executable} {ROOT / 'tests' / 'fake_engine.py'} serve"
 DEADLINE = 60.0
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    """The fake engine's environment; afterwards none of its processes may be alive (ended by PID)."""
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
-    monkeypatch.setenv("FAKE_ENGINE_PID_DIR", str(pid_dir))
-    monkeypatch.setenv("FAKE_ENGINE_START_DELAY", "0.2")
-    yield pid_dir
-    left = [int(path.stem) for path in pid_dir.glob("*.pid") if alive(int(path.stem))]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left running: {left}"
 
 
 @pytest.fixture(scope="module")
