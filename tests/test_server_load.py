@@ -9,6 +9,8 @@ import httpx
 import pytest
 from test_server_harness import MODEL, engine_idle, metric, serve, sse_payloads, wait_until
 
+from specwise.server.streaming import ClientDisconnected, until_disconnect
+
 NUM_REQUESTS, CONCURRENCY = 200, 32
 PROMPTS = ["abcabcabcabc" * 3, "one two one two one two", "Once upon a time", "xyzxyzxyz xyz"]
 
@@ -127,3 +129,23 @@ def test_bounded_load_completes_and_metrics_add_up(server):
     positions = [value for (name, labels), value in after.items()
                  if name == "specwise:spec_decode_num_accepted_tokens_per_pos_total"]
     assert sum(positions) == metric(after, "specwise:spec_decode_num_accepted_tokens_total")
+
+
+class DisconnectingRequest:
+    """A request whose client has already gone: receive() says so at once."""
+
+    async def receive(self):
+        return {"type": "http.disconnect"}
+
+
+@pytest.mark.parametrize("make_work", [lambda: asyncio.sleep(3600),
+                                       lambda: asyncio.gather(asyncio.sleep(3600), asyncio.sleep(3600))],
+                         ids=["coroutine", "gather"])
+def test_until_disconnect_raises_client_disconnected(make_work):
+    # A cancelled gather() is done with CancelledError as its result, not cancelled(): the disconnect must
+    # still be a ClientDisconnected (a 499), not a CancelledError escaping as "Exception in ASGI application".
+    async def run():
+        with pytest.raises(ClientDisconnected):
+            await until_disconnect(DisconnectingRequest(), make_work())
+
+    asyncio.run(run())

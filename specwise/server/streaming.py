@@ -51,18 +51,22 @@ async def close_all(jobs: list[Job]) -> None:
 
 
 async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
-    """Await `awaitable`; cancel it and raise ClientDisconnected if the client goes away first."""
+    """Await `awaitable`; cancel it and raise ClientDisconnected if the client goes away first.
+
+    Whether the work finished is read from asyncio.wait's done set, not from work.cancelled(): a
+    cancelled gather() is not cancelled() but done with a CancelledError as its result.
+    """
     work = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(wait_for_disconnect(request))
     try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
         if not work.done():
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await work
-    if work.cancelled():
+    if work not in done:
         raise ClientDisconnected()
     return work.result()
 
