@@ -18,7 +18,8 @@ separate the two (prefill steps beside decode steps), else it is 0 and a row is 
 A request also waits outside any step: the HTTP round trip, tokenizing the prompt, the first
 chunk's way back. A server's TTFT is that request overhead plus its prefill step; where the samples
 hold TTFTs (`first_token`) beside plain steps, the overhead is fitted too, and the simulator admits
-each request that much after it is sent.
+each request that much after it is sent. An optional term that comes out negative is not separable
+in those samples and is fitted away (0), the other coefficients solved again without it.
 
 Worked example: fixed 20 ms, 0.5 ms a token, 2 us a KV token: 8 sequences verifying 1 + 4 rows
 each over 300 cached tokens cost 20 + 0.5 x 40 + 0.002 x 2,400 = 44.8 ms.
@@ -162,8 +163,17 @@ def fit(samples: list[StepSample]) -> Fit:
         kept.pop()
     # relative least squares: a 5 ms step and a 500 ms one weigh the same
     weights = 1.0 / seconds
-    solved, *_ = np.linalg.lstsq(design[:, kept] * weights[:, None], seconds * weights, rcond=None)
-    values = dict(zip(kept, (float(c) for c in solved)))
+    while True:
+        solved, *_ = np.linalg.lstsq(design[:, kept] * weights[:, None], seconds * weights, rcond=None)
+        values = dict(zip(kept, (float(c) for c in solved)))
+        # an optional term that comes out below zero (a request that costs less than nothing: the noise
+        # of a few TTFTs) is not told apart by these samples: fitted without it, the other coefficients
+        # absorb what it held, instead of a model whose simulator drops it (flat.py admits after an
+        # overhead only when it is positive) costing steps by coefficients solved beside it
+        negative = [column for column in kept[3:] if values[column] < 0]
+        if not negative:
+            break
+        kept.remove(min(negative, key=values.get))
     cost = LinearStepCost(values[0], values[1], values[2], per_logits_row_s=values.get(3, 0.0),
                           request_overhead_s=values.get(4, 0.0))
     return Fit(cost, list(samples), design[:, kept] @ solved)
