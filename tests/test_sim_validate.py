@@ -129,6 +129,15 @@ def test_plan_positions_are_the_order_evaluate_sends_in():
     assert plan_positions({"config": {"workload": "/no/such/file.jsonl"}}) == {}
 
 
+def test_a_workload_whose_ids_repeat_has_no_plan_positions(tmp_path):
+    """Two lines with one id: which record took which place cannot be told, so the replay keeps the send order."""
+    run = {"config": {"workload": str(tmp_path / "w.jsonl"), "order": "file"}}
+    (tmp_path / "w.jsonl").write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "y"}\n')
+    assert plan_positions(run) == {"x": 0, "y": 1}
+    (tmp_path / "w.jsonl").write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n')
+    assert plan_positions(run) == {}
+
+
 def test_a_closed_loop_is_replayed_in_the_order_its_workers_took_the_requests(tmp_path):
     """Concurrency 3 over a workload file [a-t0, a-t1, b, c] (`--order file`), every step 10 ms: evaluate's
     first worker sends a-t0, the second holds a-t1 until a-t0 ends, the third sends b; b (2 tokens) ends at

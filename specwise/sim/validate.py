@@ -170,10 +170,13 @@ def session_turns(run: dict) -> dict[str, str]:
 def plan_positions(run: dict) -> dict[str, int]:
     """base request id -> its place in the order evaluate's closed-loop workers took requests (a repeat
     "id#n" is n x len(workload) places later: bench/load/arrivals.take); {} where the workload cannot
-    be read. A turn held for the turn before it is taken at its place but sent later, so the send
-    order alone misplaces it: worked example, concurrency 2 over [a-t0, a-t1, b]: a-t1 is taken second
-    and sent when a-t0 ends; b is taken third, sent when the first worker frees, before a-t1."""
-    return {r.request_id: index for index, r in enumerate(_measured_workload(run))}
+    be read or two of its requests share an id. A turn held for the turn before it is taken at its place
+    but sent later, so the send order alone misplaces it: worked example, concurrency 2 over [a-t0,
+    a-t1, b]: a-t1 is taken second and sent when a-t0 ends; b is taken third, sent when the first worker
+    frees, before a-t1."""
+    workload = _measured_workload(run)
+    places = {r.request_id: index for index, r in enumerate(workload)}
+    return places if len(places) == len(workload) else {}
 
 
 def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, records: list[RequestRecord],
