@@ -107,7 +107,8 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     for record in measured:
         if record.arm in arms and not record.error:
             groups[(record.arm, record.load_kind, record.load_value, record.round)].append(record)
-    after, places = session_turns(run), plan_positions(run)
+    workload = _measured_workload(run)
+    after, places = _turns(workload), _positions(workload)
     predicted = []
     for (name, kind, value, round_), records in groups.items():
         predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after, places)
@@ -153,7 +154,8 @@ def _measured_workload(run: dict) -> list[WorkloadRequest]:
     if config.get("trace"):
         return []
     try:
-        requests, _ = load_workload(config.get("workload") or "suite", per_category=config.get("per_category"))
+        requests, _ = load_workload(config.get("workload") or "suite", per_category=config.get("per_category"),
+                                    skip_bad_rows=bool(config.get("skip_bad_rows")))
     except (SpecwiseError, OSError):
         return []
     return seeded_order(requests, config.get("seed", 0)) if config.get("order", "seeded") == "seeded" else requests
@@ -162,7 +164,11 @@ def _measured_workload(run: dict) -> list[WorkloadRequest]:
 def session_turns(run: dict) -> dict[str, str]:
     """request id -> the id of the session turn before it, from the measured run's workload; {} where
     it cannot be read or is a trace."""
-    turns = {(r.extra.get("session"), r.extra.get("turn")): r.request_id for r in _measured_workload(run)
+    return _turns(_measured_workload(run))
+
+
+def _turns(workload: list[WorkloadRequest]) -> dict[str, str]:
+    turns = {(r.extra.get("session"), r.extra.get("turn")): r.request_id for r in workload
              if session_key(r) is not None}
     return {rid: turns[(session, turn - 1)] for (session, turn), rid in turns.items() if (session, turn - 1) in turns}
 
@@ -174,7 +180,10 @@ def plan_positions(run: dict) -> dict[str, int]:
     but sent later, so the send order alone misplaces it: worked example, concurrency 2 over [a-t0,
     a-t1, b]: a-t1 is taken second and sent when a-t0 ends; b is taken third, sent when the first worker
     frees, before a-t1."""
-    workload = _measured_workload(run)
+    return _positions(_measured_workload(run))
+
+
+def _positions(workload: list[WorkloadRequest]) -> dict[str, int]:
     places = {r.request_id: index for index, r in enumerate(workload)}
     return places if len(places) == len(workload) else {}
 
