@@ -82,3 +82,16 @@ def test_an_optional_term_that_comes_out_negative_is_fitted_away():
     plain = fit(steps + [StepSample(s.tokens, s.kv_tokens, s.seconds, logits_rows=1) for s in ttfts])
     assert result.cost.to_json() == pytest.approx(plain.cost.to_json())
     assert np.allclose(result.predicted, plain.predicted)
+
+
+def test_a_kv_token_that_costs_less_than_nothing_is_fitted_away():
+    """Steps that get *faster* with more KV (a noisy sweep on a busy machine fitted -3.5 us a KV token):
+    the fit keeps it at 0 and solves fixed + per token without it, by the same relative least squares."""
+    steps = [StepSample(t, c, 0.030 + 0.0005 * t - 1e-6 * c) for t in (1, 4, 16, 64) for c in (500, 5000)]
+    result = fit(steps)
+    assert result.cost.per_kv_token_s == 0 and result.cost.per_logits_row_s == 0
+    seconds = np.array([s.seconds for s in steps])
+    design = np.array([[1.0, s.tokens] for s in steps]) / seconds[:, None]
+    fixed, per_token = np.linalg.lstsq(design, np.ones(len(steps)), rcond=None)[0]
+    assert (result.cost.fixed_s, result.cost.per_token_s) == pytest.approx((fixed, per_token))
+    assert result.predicted == pytest.approx(fixed + per_token * np.array([s.tokens for s in steps]))
