@@ -159,3 +159,15 @@ def test_a_session_turn_waits_for_the_turn_before_it():
     assert sends == pytest.approx({"s-t0": 0.0, "s-t1": 0.03, "x": 0.03})
     free = FlatSimulator(constant_cost(), SimServerConfig(), 10_000).run(requests, OFF, LoadPoint("concurrency", 2))
     assert {r.request_id: r.send_time for r in free.records}["s-t1"] == 0.0
+
+
+def test_a_turn_waits_for_a_turn_before_it_that_is_itself_held():
+    """Concurrency 3 over [s-t0, s-t1, s-t2]: the second worker holds s-t1 on s-t0, the third s-t2 on
+    s-t1, which a worker has taken but not sent (evaluate's session replay waits on a taken turn, sent
+    or not). s-t0 ends at 30 ms, s-t1 goes out then and ends at 60 ms, s-t2 goes out then: not at 0."""
+    requests = [WorkloadRequest(request_id=f"s-t{turn}", category="agentic", max_tokens=3, prompt_tokens=8)
+                for turn in range(3)]
+    result = FlatSimulator(constant_cost(), SimServerConfig(), 10_000).run(
+        requests, OFF, LoadPoint("concurrency", 3), after={"s-t1": "s-t0", "s-t2": "s-t1"})
+    sends = {r.request_id: r.send_time for r in result.records}
+    assert sends == pytest.approx({"s-t0": 0.0, "s-t1": 0.03, "s-t2": 0.06})

@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 
 from specwise.bench.results import RequestRecord
+from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli import main
-from specwise.sim.validate import session_turns
+from specwise.engine.step_profile import ProfileCost
+from specwise.sim.simulator import SimServerConfig
+from specwise.sim.validate import plan_positions, session_turns, validate
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
           "max_model_len": 512}
@@ -113,3 +116,51 @@ def test_session_turns_come_from_the_measured_workload():
     assert turns["agentic-sql-revenue-t2"] == "agentic-sql-revenue-t1" and "agentic-sql-revenue-t0" not in turns
     assert session_turns({"config": {"workload": "/no/such/file.jsonl"}}) == {}
     assert session_turns({}) != {}                    # no config: evaluate's default workload, the suite
+
+
+def test_plan_positions_are_the_order_evaluate_sends_in():
+    """The measured run's workload read again in evaluate's own order (bench/load/plan.build_plan), with
+    the run's seed."""
+    from specwise.bench.load.config import LoadConfig
+    from specwise.bench.load.plan import build_plan
+    planned = [r.request_id for r in build_plan(LoadConfig(seed=3)).workload]
+    positions = plan_positions({"config": {"workload": "suite", "seed": 3, "order": "seeded"}})
+    assert sorted(positions, key=positions.get) == planned
+    assert plan_positions({"config": {"workload": "/no/such/file.jsonl"}}) == {}
+
+
+def test_a_workload_whose_ids_repeat_has_no_plan_positions(tmp_path):
+    """Two lines with one id: which record took which place cannot be told, so the replay keeps the send order."""
+    run = {"config": {"workload": str(tmp_path / "w.jsonl"), "order": "file"}}
+    (tmp_path / "w.jsonl").write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "y"}\n')
+    assert plan_positions(run) == {"x": 0, "y": 1}
+    (tmp_path / "w.jsonl").write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n')
+    assert plan_positions(run) == {}
+
+
+def test_a_closed_loop_is_replayed_in_the_order_its_workers_took_the_requests(tmp_path):
+    """Concurrency 3 over a workload file [a-t0, a-t1, b, c] (`--order file`), every step 10 ms: evaluate's
+    first worker sends a-t0, the second holds a-t1 until a-t0 ends, the third sends b; b (2 tokens) ends at
+    20 ms and its worker sends c; a-t0 (3 tokens) ends at 30 ms and a-t1 goes out. Sent in that order
+    (a-t0, b, c, a-t1), c would go out at 0 in the replay; taken in the plan's order it goes out when b ends."""
+    lines = [{"messages": [{"role": "user", "content": "q0"}], "id": "a-t0", "session": "a", "turn": 0},
+             {"messages": [{"role": "user", "content": "q0"}, {"role": "assistant", "content": "r0"},
+                           {"role": "user", "content": "q1"}], "id": "a-t1", "session": "a", "turn": 1},
+             {"prompt": "b", "id": "b"}, {"prompt": "c", "id": "c"}]
+    (tmp_path / "workload.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    measured = {"a-t0": (0.0, 3), "b": (0.0, 2), "c": (0.02, 3), "a-t1": (0.03, 3)}     # id: (send, output tokens)
+    records = [RequestRecord(arm="off", method="off", load_kind="concurrency", load_value=3, category="custom",
+                             request_id=rid, prompt_tokens=8, output_tokens=n, send_time=send, ttft=0.01,
+                             e2e=0.01 * n, chunk_times=[0.01 * (i + 1) for i in range(n)], chunk_tokens=[1] * n)
+               for rid, (send, n) in measured.items()]
+    (tmp_path / "requests.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    config = {"workload": str(tmp_path / "workload.jsonl"), "order": "file", "seed": 0}
+    (tmp_path / "run.json").write_text(json.dumps({
+        "tool": "evaluate", "arms": [{"name": "off", "method": "off", "spec": None, "k": 0}], "baseline": "off",
+        "loads": [{"kind": "concurrency", "value": 3}], "engine": ENGINE, "config": config}))
+    cost = ProfileCost([1, 2], [1, 2], [0, 1], np.full((2, 2, 2), 0.010))
+    deployment = Deployment.from_config(DeploymentConfig(model="smollm2-135m", gpu="h100-sxm"))
+    validation = validate(tmp_path, cost, deployment, SimServerConfig())
+    sends = {r.request_id: r.send_time for r in validation.predicted_records}
+    assert sends == pytest.approx({"a-t0": 0.0, "b": 0.0, "c": 0.02, "a-t1": 0.03})
+    assert all(p.error("throughput") == pytest.approx(0.0) for p in validation.points)   # the same window

@@ -67,3 +67,31 @@ def test_a_linear_profile_is_a_step_cost_model(tmp_path):
     # 8 sequences verifying 1 + 4 rows over 300 cached tokens each
     assert cost.step_time(8, 5, 300) == pytest.approx(FIXED + PER_TOKEN * 40 + PER_KV * 2400)
     assert cost.prefill_time([100, 50]) == pytest.approx(FIXED + PER_TOKEN * 150)
+
+
+def test_an_optional_term_that_comes_out_negative_is_fitted_away():
+    """TTFTs 4 ms *faster* than the prefill steps they hold (noise a few requests can give): the overhead
+    would come out -4 ms, which the simulator cannot admit by; it is fitted away (0) and the other
+    coefficients are those of the same samples fitted without it."""
+    steps = [StepSample(b * t, b * c, FIXED + PER_TOKEN * b * t + PER_KV * b * c)
+             for b in (1, 4, 16) for t in (1, 2) for c in (100, 800)]
+    ttfts = [StepSample(n, 0.0, FIXED + PER_TOKEN * n - 0.004 + 1e-5 * (n % 7), logits_rows=1, first_token=True)
+             for n in (30, 230, 900)]
+    result = fit(steps + ttfts)
+    assert result.cost.request_overhead_s == 0 and result.cost.per_logits_row_s >= 0
+    plain = fit(steps + [StepSample(s.tokens, s.kv_tokens, s.seconds, logits_rows=1) for s in ttfts])
+    assert result.cost.to_json() == pytest.approx(plain.cost.to_json())
+    assert np.allclose(result.predicted, plain.predicted)
+
+
+def test_a_kv_token_that_costs_less_than_nothing_is_fitted_away():
+    """Steps that get *faster* with more KV (a noisy sweep on a busy machine fitted -3.5 us a KV token):
+    the fit keeps it at 0 and solves fixed + per token without it, by the same relative least squares."""
+    steps = [StepSample(t, c, 0.030 + 0.0005 * t - 1e-6 * c) for t in (1, 4, 16, 64) for c in (500, 5000)]
+    result = fit(steps)
+    assert result.cost.per_kv_token_s == 0 and result.cost.per_logits_row_s == 0
+    seconds = np.array([s.seconds for s in steps])
+    design = np.array([[1.0, s.tokens] for s in steps]) / seconds[:, None]
+    fixed, per_token = np.linalg.lstsq(design, np.ones(len(steps)), rcond=None)[0]
+    assert (result.cost.fixed_s, result.cost.per_token_s) == pytest.approx((fixed, per_token))
+    assert result.predicted == pytest.approx(fixed + per_token * np.array([s.tokens for s in steps]))

@@ -18,7 +18,9 @@ separate the two (prefill steps beside decode steps), else it is 0 and a row is 
 A request also waits outside any step: the HTTP round trip, tokenizing the prompt, the first
 chunk's way back. A server's TTFT is that request overhead plus its prefill step; where the samples
 hold TTFTs (`first_token`) beside plain steps, the overhead is fitted too, and the simulator admits
-each request that much after it is sent.
+each request that much after it is sent. A term that comes out negative (noise the samples cannot
+tell from it: a KV token or a request costing less than nothing) is fitted away (0) and the other
+coefficients solved again without it, so the fit is least squares kept non-negative.
 
 Worked example: fixed 20 ms, 0.5 ms a token, 2 us a KV token: 8 sequences verifying 1 + 4 rows
 each over 300 cached tokens cost 20 + 0.5 x 40 + 0.002 x 2,400 = 44.8 ms.
@@ -44,6 +46,7 @@ MIN_SAMPLES = 6            # three coefficients, and as many samples again to se
 COEFFICIENTS = ("fixed_s", "per_token_s", "per_kv_token_s")
 LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when absent)
 REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)
+NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
 
 
 @dataclass(frozen=True)
@@ -162,11 +165,28 @@ def fit(samples: list[StepSample]) -> Fit:
         kept.pop()
     # relative least squares: a 5 ms step and a 500 ms one weigh the same
     weights = 1.0 / seconds
-    solved, *_ = np.linalg.lstsq(design[:, kept] * weights[:, None], seconds * weights, rcond=None)
-    values = dict(zip(kept, (float(c) for c in solved)))
-    cost = LinearStepCost(values[0], values[1], values[2], per_logits_row_s=values.get(3, 0.0),
-                          request_overhead_s=values.get(4, 0.0))
+    while True:
+        solved, *_ = np.linalg.lstsq(design[:, kept] * weights[:, None], seconds * weights, rcond=None)
+        values = dict(zip(kept, (float(c) for c in solved)))
+        # a term that comes out below zero (a KV token or a request that costs less than nothing: noise the
+        # samples cannot tell from that term) is fitted away, 0, and the others solved again without it:
+        # least squares kept non-negative, so that no model step gets cheaper as it grows and no
+        # coefficient is solved beside a term the simulator would drop (flat.py admits after an overhead
+        # only when it is positive). Where every term comes out non-negative, the plain least squares.
+        negative = [column for column in kept if values[column] < -NUMERIC_ZERO * _scale(design, column, seconds)]
+        if not negative:
+            break
+        kept.remove(min(negative, key=lambda column: values[column] * _scale(design, column, seconds)))
+    values = {column: max(value, 0.0) for column, value in values.items()}
+    cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
+                          per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0))
     return Fit(cost, list(samples), design[:, kept] @ solved)
+
+
+def _scale(design: np.ndarray, column: int, seconds: np.ndarray) -> float:
+    """Seconds per unit of a column at which it moves the largest sample by its own length: a
+    coefficient below -NUMERIC_ZERO of this is negative, not floating-point rounding of a zero."""
+    return float(seconds.max() / max(np.abs(design[:, column]).max(), 1e-300))
 
 
 def _rank(columns: np.ndarray) -> int:

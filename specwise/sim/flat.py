@@ -136,6 +136,7 @@ class _Run:
         self.previous = {i: index[after[request.request_id]] for i, request in enumerate(requests)
                          if after.get(request.request_id) in index}
         self.held: dict[int, _Request] = {}               # previous turn's index -> the turn a worker holds
+        self.claimed: set[int] = set()                     # taken by a worker: sent, or held on its turn before
         self.categories = [request.category for request in requests]
         self.errors: dict[int, str] = {}
         self.now, self.steps, self.preemptions, self.peak = 0.0, 0, 0, 0
@@ -184,12 +185,15 @@ class _Run:
 
     def _send_next(self) -> None:
         """Closed loop: the next request goes out (an impossible one ends at once: send another); a
-        session turn whose previous turn is still running is held by its worker until that ends."""
+        session turn whose previous turn a worker has taken and not finished (running, or itself held
+        on the turn before it) is held by its worker until that ends, as evaluate's session replay
+        does. Worked example, concurrency 3 over [t0, t1, t2]: t1 is held on t0 and t2 on t1; t2 goes
+        out when t1 ends, not at once."""
         while self.pending and self.now < self.duration:
             r = self.pending.popleft()
+            self.claimed.add(r.index)
             previous = self.previous.get(r.index)
-            if previous is not None and math.isnan(self.requests[previous].finish) \
-                    and not math.isnan(self.requests[previous].send):
+            if previous in self.claimed and math.isnan(self.requests[previous].finish):
                 self.held[previous] = r
                 return
             self._send(r, self.now)

@@ -5,8 +5,10 @@ acceptance counters, a session's turn sent after the turn before it has finished
 sends them), at the same load points, in the same rounds, for the same arms, through
 the flat simulator (sim/flat.py) with the engine's batch limits and KV cache from run.json and
 the given step-cost model (`--profile`). A closed-loop round is replayed as a closed loop of the
-same concurrency over the round's requests in their send order; a rate or trace round sends
-each request at its measured send time. The simulated records are placed at the measured
+same concurrency over the round's requests in the order evaluate's workers took them (the run's
+workload read again in its planned order; the send order where it cannot be read: a held session
+turn is taken before the requests sent ahead of it); a rate or trace round sends each request at
+its measured send time. The simulated records are placed at the measured
 round's start, so both sides go through the same metric code (bench/report/summary.py) and the
 same verdicts (bench/report/recommend.py).
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.load.order import seeded_order
 from specwise.bench.load.plan import load_workload
 from specwise.bench.load.sessions import session_key
 from specwise.bench.report.recommend import UNSURE, recommend
@@ -104,10 +107,11 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     for record in measured:
         if record.arm in arms and not record.error:
             groups[(record.arm, record.load_kind, record.load_value, record.round)].append(record)
-    after = session_turns(run)
+    workload = _measured_workload(run)
+    after, places = _turns(workload), _positions(workload)
     predicted = []
     for (name, kind, value, round_), records in groups.items():
-        predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after)
+        predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after, places)
     kept = [r for r in measured if r.arm in arms]
     return Validation(_compare(kept, predicted, run), skipped, predicted)
 
@@ -142,26 +146,57 @@ def _k_from_records(measured: list[RequestRecord], arm: str) -> int | None:
     return max(lengths) if lengths else None
 
 
-def session_turns(run: dict) -> dict[str, str]:
-    """request id -> the id of the session turn before it, from the measured run's workload read again
-    (run.json "config"); {} where it cannot be read (a file gone) or is a trace."""
+def _measured_workload(run: dict) -> list[WorkloadRequest]:
+    """The measured run's workload read again (run.json "config"), in the order evaluate sent it
+    (bench/load/plan.py: seeded unless --order file); [] where it cannot be read (a file gone) or
+    is a trace."""
     config = run.get("config") or {}
     if config.get("trace"):
-        return {}
+        return []
     try:
-        requests, _ = load_workload(config.get("workload") or "suite", per_category=config.get("per_category"))
+        requests, _ = load_workload(config.get("workload") or "suite", per_category=config.get("per_category"),
+                                    skip_bad_rows=bool(config.get("skip_bad_rows")))
     except (SpecwiseError, OSError):
-        return {}
-    turns = {(r.extra.get("session"), r.extra.get("turn")): r.request_id for r in requests
+        return []
+    return seeded_order(requests, config.get("seed", 0)) if config.get("order", "seeded") == "seeded" else requests
+
+
+def session_turns(run: dict) -> dict[str, str]:
+    """request id -> the id of the session turn before it, from the measured run's workload; {} where
+    it cannot be read or is a trace."""
+    return _turns(_measured_workload(run))
+
+
+def _turns(workload: list[WorkloadRequest]) -> dict[str, str]:
+    turns = {(r.extra.get("session"), r.extra.get("turn")): r.request_id for r in workload
              if session_key(r) is not None}
     return {rid: turns[(session, turn - 1)] for (session, turn), rid in turns.items() if (session, turn - 1) in turns}
 
 
+def plan_positions(run: dict) -> dict[str, int]:
+    """base request id -> its place in the order evaluate's closed-loop workers took requests (a repeat
+    "id#n" is n x len(workload) places later: bench/load/arrivals.take); {} where the workload cannot
+    be read or two of its requests share an id. A turn held for the turn before it is taken at its place
+    but sent later, so the send order alone misplaces it: worked example, concurrency 2 over [a-t0,
+    a-t1, b]: a-t1 is taken second and sent when a-t0 ends; b is taken third, sent when the first worker
+    frees, before a-t1."""
+    return _positions(_measured_workload(run))
+
+
+def _positions(workload: list[WorkloadRequest]) -> dict[str, int]:
+    places = {r.request_id: index for index, r in enumerate(workload)}
+    return places if len(places) == len(workload) else {}
+
+
 def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, records: list[RequestRecord],
-            after: dict[str, str]):
-    """One round of one arm at one point, replayed: predicted records at the measured round's times."""
+            after: dict[str, str], places: dict[str, int]):
+    """One round of one arm at one point, replayed: predicted records at the measured round's times.
+    A closed loop's workers take the requests in the plan's order where it is known, else in send order."""
+    start = min(r.send_time for r in records)
     records = sorted(records, key=lambda r: r.send_time)
-    start = records[0].send_time
+    order = [_place(r.request_id, places) for r in records]
+    if load.kind == "concurrency" and None not in order:
+        records = [r for _, r in sorted(zip(order, records), key=lambda pair: pair[0])]
     requests = [WorkloadRequest(request_id=r.request_id, category=r.category, max_tokens=max(1, r.output_tokens),
                                 prompt_tokens=max(1, r.prompt_tokens)) for r in records]
     k = arm.policy.max_k if arm.speculative else 0
@@ -177,6 +212,13 @@ def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, rec
         record.send_time += start
         record.round = round_
     return result.records
+
+
+def _place(request_id: str, places: dict[str, int]) -> int | None:
+    base, _, repeat = request_id.partition("#")
+    if base not in places or (repeat and not repeat.isdigit()):
+        return None
+    return (int(repeat) if repeat else 0) * len(places) + places[base]
 
 
 def _figures(summary, arm: str, kind: str, value: float) -> dict[str, float | None]:
