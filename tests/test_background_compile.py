@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -83,7 +84,9 @@ def test_serves_eagerly_while_compiling_then_switches_with_the_same_tokens(model
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     server = eager_server(model)
-    background = BackgroundCompile(server.app.state.serving.async_engine, worker=[*GATED_WORKER, str(gate)])
+    switched = threading.Event()
+    background = BackgroundCompile(server.app.state.serving.async_engine, worker=[*GATED_WORKER, str(gate)],
+                                   on_switched=switched.set)
     try:
         before = greedy(server)                     # the compile process has not even started compiling
         assert background.state == "compiling" and forward(server) == ("eager", 0)
@@ -92,6 +95,7 @@ def test_serves_eagerly_while_compiling_then_switches_with_the_same_tokens(model
             opened.write("go")
         wait_until(lambda: background.state != "compiling", timeout=900, what="the graphs compiled and switched to")
         assert background.state == "compiled", background.reason
+        assert switched.is_set()                    # `specwise serve` settles the heap there (server/cli.py)
         assert server.engine.thread_cap is None
         assert forward(server) == ("compiled", 1)
         assert greedy(server) == before

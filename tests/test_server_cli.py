@@ -1,5 +1,7 @@
 """`specwise serve`: flags from ServerConfig, and the real command on a tiny HF checkpoint directory."""
 
+import gc
+import importlib.util
 import os
 import signal
 import socket
@@ -17,6 +19,7 @@ from specwise.cli import build_parser
 from specwise.cli_args import dataclass_from_args
 from specwise.config import EngineConfig
 from specwise.errors import ConfigError
+from specwise.server.cli import settle_heap, uvicorn_config
 from specwise.server.config import ServerConfig
 from capability_marks import cpu_kernels
 
@@ -130,3 +133,24 @@ def test_model_id_defaults_to_the_checkpoint_name(tmp_path):
     assert model_name(None) == "SmolLM2-135M-Instruct"
     assert model_name(str(tmp_path / "my-model.gguf")) == "my-model"
     assert model_name(str(tmp_path / "hf-dir") + "/") == "hf-dir"
+
+
+def test_settle_heap_leaves_the_objects_alive_at_startup_out_of_full_collections():
+    started_with = [object() for _ in range(3)]          # stands for the model, tokenizer and app built at startup
+    frozen_before = gc.get_freeze_count()
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() > frozen_before
+        assert not any(candidate is started_with for candidate in gc.get_objects(generation=2))
+        made_later = [object()]
+        assert any(candidate is made_later for candidate in gc.get_objects())     # new objects are still collected
+    finally:
+        gc.unfreeze()
+
+
+def test_the_server_runs_httptools_and_uvloop_where_installed():
+    config = uvicorn_config(None, ServerConfig())
+    assert config.http == "httptools"
+    assert config.loop == ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
+    if sys.platform == "linux":
+        assert config.loop == "uvloop"          # a dependency on Linux (pyproject.toml): the install provides it

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 from specwise.engine.async_engine import AsyncEngine
 from specwise.models.compiled import CompiledForward, scratch_cache
@@ -45,11 +46,14 @@ def note(message: str) -> None:
 class BackgroundCompile:
     """state: "compiling", then "compiled" (the engine switched) or "failed" (`reason` says why), or "stopped"."""
 
-    def __init__(self, async_engine: AsyncEngine, worker: list[str] | None = None):
+    def __init__(self, async_engine: AsyncEngine, worker: list[str] | None = None,
+                 on_switched: Callable[[], None] | None = None):
+        """on_switched: called on the watch thread once the engine serves the compiled graphs."""
         engine = async_engine.engine
         if engine.pending_compile is None:
             raise ValueError("the engine has no graphs to compile")
         self.async_engine = async_engine
+        self.on_switched = on_switched
         self.graph_set = engine.pending_compile
         self.depths = tuple(engine.runner.depths)
         self.state, self.reason = "compiling", None
@@ -97,6 +101,8 @@ class BackgroundCompile:
         self.state = "compiled"
         note(f"switched to compiled graphs after {time.monotonic() - self.started:.0f} s "
              f"(compiled in {compiled_s:.0f} s)")
+        if self.on_switched is not None:
+            self.on_switched()
 
     def _load(self) -> CompiledForward:
         """The packages loaded on this thread: nothing is run here (the step thread runs each once)."""
