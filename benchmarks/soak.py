@@ -19,7 +19,8 @@ Starts `specwise serve` with the arm's drafter (suffix; or ngram with mostly str
 Each minute a row: load average (the machine is shared: read it beside the latencies), server RSS, KV
 blocks in use, requests admitted, suffix-cache tokens, grammars cached, that minute's requests by
 outcome, the steady clients' stream TTFT / TPOT p50 and p99. Written to OUT/soak.csv and soak.json
-(with the targets checked: soak_report.py) and plotted to OUT/soak.png.
+(with the targets checked: soak_report.py) and plotted to OUT/soak.png. --diagnose-memory runs the server
+under memory_watch.py: its log then has the allocator's books each minute (where RSS growth sits).
 """
 
 import argparse
@@ -259,6 +260,8 @@ def main() -> int:
     parser.add_argument("--idle-every-min", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--diagnose-memory", action="store_true", help="run the server under memory_watch.py "
+                        "(its log: the allocator's books each minute; MEMORY_WATCH_TRIM, MEMORY_WATCH_TRACEMALLOC)")
     parser.add_argument("flags", nargs="*", help="more specwise serve flags (after --)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix=f"specwise-soak-{args.arm}-"))
@@ -266,7 +269,8 @@ def main() -> int:
     flags = [*soak_traffic.ARM_FLAGS[args.arm], "--max-num-seqs", str(args.max_num_seqs), "--max-queue",
              str(args.max_queue), *args.flags]
     print(f"soak: arm {args.arm}, {args.minutes} min, serve {' '.join(flags)}; out {out}", flush=True)
-    with ServeProcess(flags, out / "server.log") as server:
+    launcher = [sys.executable, str(Path(__file__).with_name("memory_watch.py"))] if args.diagnose_memory else None
+    with ServeProcess(flags, out / "server.log", launcher=launcher) as server:
         model = httpx.get(server.url("/v1/models"), timeout=30).json()["data"][0]["id"]
         soak = Soak(args, server, model)
         asyncio.run(soak.run())
