@@ -47,7 +47,8 @@ def uvicorn_config(app, config: ServerConfig):
     """uvicorn with httptools' HTTP parser (C) and uvloop's event loop where it is installed (not on Windows).
 
     Against h11 (pure Python) and asyncio's loop, with settle_heap's frozen startup objects in both, /health's
-    worst answer while 1,000 clients arrived at once went from 0.4-0.9 s to 9-23 ms (overload.py, 2-core VM):
+    worst answer while 1,000 clients arrived at once went from 0.4-0.9 s to 9-23 ms (overload.py, 2-core VM
+    at load 2.5-6):
     the event loop parses, admits or refuses and answers each arriving request, sharing the GIL with the
     engine's step thread, and the C parser and loop do that per request in a fraction of the interpreter time.
     """
