@@ -234,6 +234,15 @@ def describe_bad(answer: Answer) -> str:
     return f"{answer.status} {answer.error.get('code')} ({where}): {answer.error.get('message')}"
 
 
+def progress(name: str, *row) -> tuple:
+    """The table's row (with the run's seconds, from its start given last), said at once on stdout."""
+    *row, began = row
+    seconds = time.monotonic() - began
+    print(f"  {name}: {row[4]} identical, {'pass' if row[-1] else 'FAIL'} ({seconds:.0f} s, load average "
+          f"{load_average()})", flush=True)
+    return (name, *row, seconds)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seams", default=",".join(SEAMS), help="comma-separated, of: " + ", ".join(SEAMS))
@@ -259,19 +268,20 @@ def main() -> int:
               f"{args.max_tokens} tokens, fault after {args.fault_after}; serving at {server.base_url}", flush=True)
         good = {index: request(index, model, args.max_tokens) for index in range(len(PROMPTS)) if index != BAD}
         bad_ids = engine.encode(PROMPTS[BAD])
+        began = time.monotonic()
         clean = asyncio.run(wave(server.base_url, good))
         ok = all(a.status == 200 and a.finish_reason == "length" for a in clean.values())
         if not ok:
             print(f"the clean run itself failed: {clean}", flush=True)
         after = after_run(server)
         ok &= after["health_ok"] and after["kv"] == 0 and after["admitted"] == 0
-        rows = [("clean (15)", "-", "-", "-", "-", "-", after, ok)]
+        rows = [progress("clean (15)", "-", "-", "-", "-", "-", after, ok, began)]
         for seam in seams:
             extra, stream, reason = SEAMS[seam]
             for attempt in range(1, args.repeats + 1):
                 fired, patches = [], Patches()
                 server.async_engine.call(lambda e: inject(seam, e, bad_ids, args.fault_after, fired, patches))
-                logged = len(failures.failures)
+                logged, began = len(failures.failures), time.monotonic()
                 try:
                     answers = asyncio.run(wave(server.base_url, {**good, BAD: request(BAD, model, args.max_tokens,
                                                                                        extra, stream)}))
@@ -288,20 +298,21 @@ def main() -> int:
                 passed = bad_ok and fired_ok and same == len(good) and logged_now == 1 and after["health_ok"] and \
                     after["kv"] == 0 and after["admitted"] == 0
                 ok &= passed
-                rows.append((f"{seam} #{attempt}", "stream" if stream else "whole", describe_bad(bad), len(fired),
-                             logged_now, f"{same}/{len(good)}", after, passed))
+                rows.append(progress(f"{seam} #{attempt}", "stream" if stream else "whole", describe_bad(bad),
+                                     len(fired), logged_now, f"{same}/{len(good)}", after, passed, began))
+        began = time.monotonic()
         again = asyncio.run(wave(server.base_url, good))
         same, after = sum(again[i].text == clean[i].text for i in good), after_run(server)
         passed = same == len(good) and after["health_ok"] and after["kv"] == 0 and after["admitted"] == 0
         ok &= passed
-        rows.append(("clean again (15)", "-", "-", "-", "-", f"{same}/{len(good)}", after, passed))
+        rows.append(progress("clean again (15)", "-", "-", "-", "-", f"{same}/{len(good)}", after, passed, began))
         load_after = load_average()
     print("\n| run | faulty request | its answer (status, code, message) | faults fired | failures logged | others "
-          "identical to the clean run | /health after | KV blocks used after | admitted after | checks |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
-    for name, kind, answer, fired, logged, same, after, passed in rows:
+          "identical to the clean run | /health after | KV blocks used after | admitted after | run s | checks |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, kind, answer, fired, logged, same, after, passed, seconds in rows:
         print(f"| {name} | {kind} | {answer} | {fired} | {logged} | {same} | {after['health']} | {after['kv']:.0f} | "
-              f"{after['admitted']:.0f} | {'pass' if passed else 'FAIL'} |")
+              f"{after['admitted']:.0f} | {seconds:.0f} | {'pass' if passed else 'FAIL'} |")
     print(f"\n{time.monotonic() - started:.0f} s; load average after: {load_after}; "
           f"{'every check passed' if ok else 'SOME CHECK FAILED'}")
     return 0 if ok else 1
