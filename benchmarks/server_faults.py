@@ -9,12 +9,13 @@ serve starts), uvicorn on 127.0.0.1 on a port the OS picks, in a thread stopped 
 ends. In fp32 (`--dtype float32` by default, not serve's auto): texts are compared, and token for token
 holds in fp32 only; in bf16 a step's shape changes the rounding, so two clean runs of the same 15
 requests already differ (docs/design.md, lossless).
-For each seam of the step it sends 16 concurrent greedy requests over HTTP (8 streamed, 8 whole,
-chat and completions, different prompts, --max-tokens each, ignore_eos), one of them the faulty
-one: the seam is monkeypatched (on the step thread, between steps) to raise only for that request,
-once it has --fault-after output tokens. It compares the 15 others' texts with a clean run of the
-same 15 without the faulty request, then checks /health and that the KV blocks and admitted
-requests are back to 0. Each seam runs --repeats times (the server must stay healthy after
+
+For each seam of the step it sends 16 concurrent greedy requests over HTTP (different prompts,
+--max-tokens each, ignore_eos; the 15 others 8 streamed and 7 whole, 8 chat and 7 completions),
+one of them the faulty one, a completion, streamed or whole by seam: the seam is monkeypatched (on
+the step thread, between steps) to raise only for that request, once it has --fault-after output
+tokens. It compares the 15 others' texts with a clean run of the same 15 without the faulty request,
+then checks /health and that the KV blocks and admitted requests are back to 0. Each seam runs --repeats times (the server must stay healthy after
 repeated faults), and the clean run is repeated at the end (the control: the same 15 twice).
 Checks per fault run: the faulty request answered 500 engine_error (streamed: 200, then an
 engine_error event and [DONE]) naming the reason; the fault fired 1 to 5 times (1 + log2 16: a batch
