@@ -320,4 +320,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:          # the server has stopped (ServerThread's exit): no traceback
+        print("server_faults: interrupted", file=sys.stderr)
+        sys.exit(130)
