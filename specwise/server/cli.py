@@ -20,6 +20,7 @@ import threading
 
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
+from specwise.models.kernel_caches import bound_kernel_caches
 from specwise.server.config import ServerConfig
 
 DEAD_DRAIN_S = 2.0          # from the engine's death to the server's shutdown
@@ -70,6 +71,7 @@ def run_serve(args) -> int:
 
     config = dataclass_from_args(ServerConfig, args)
     engine_config = dataclass_from_args(EngineConfig, args)
+    bound_kernel_caches()           # before the first kernel runs: a server meets new shapes for hours
     if not config.is_loopback and not api_keys(config):
         print(f"specwise: warning: serving on {config.host} without an API key: anyone who can reach this "
               f"address can use the model", file=sys.stderr)
