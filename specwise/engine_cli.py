@@ -7,14 +7,15 @@ import platform
 import sys
 import time
 
+import numpy as np
 from rich.progress import Progress
 
 from specwise.bench.calibrate.command import calibrate_endpoints, parse_arms
 from specwise.bench.calibrate.sweep import SweepDesign
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
-from specwise.engine.step_fit import StepSample, fit, grid_samples
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.step_fit import StepSample, StepShape, fit, grid_samples
+from specwise.engine.step_profile import ProfileCost, prefill_prompts
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 
@@ -141,8 +142,7 @@ def run_calibrate(args) -> int:
                           model=f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
                                 f"{str(engine.dtype).removeprefix('torch.')}")
     data = profile.to_json()
-    # a prefill step samples one row per prompt (measure_prefill's prompts of prefill_prompt_len)
-    samples = grid_samples(*axes, seconds) + [StepSample(total, 0, time, max(1, round(total / args.prefill_prompt_len)))
+    samples = grid_samples(*axes, seconds) + [timed_prefill_sample(total, time, args.prefill_prompt_len)
                                               for total, time in zip(totals, prefill_seconds)]
     try:
         linear = fit(samples)
@@ -154,6 +154,12 @@ def run_calibrate(args) -> int:
         json.dump(data, stream, indent=1)
     print(f"wrote {args.output}: batch 1 decode {seconds[0][0][0] * 1000:.1f} ms/step")
     return 0
+
+
+def timed_prefill_sample(total: int, seconds: float, prompt_len: int) -> StepSample:
+    """A timed prefill step (measure_prefill's prompts over no cache): it samples one row per prompt."""
+    count, length = prefill_prompts(total, prompt_len)
+    return StepSample(StepShape.of(np.full(count, length), 0.0), seconds, logits_rows=count)
 
 
 def run_endpoint_calibrate(args) -> int:

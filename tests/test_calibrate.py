@@ -5,6 +5,7 @@ import json
 import pytest
 
 from specwise.engine.step_profile import ProfileCost
+from specwise.engine_cli import timed_prefill_sample
 from specwise.cli import main
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
 
@@ -45,3 +46,11 @@ def test_calibrate_rejects_a_grid_past_the_context_window(tmp_path, model_dir, c
     assert main(["calibrate", "--model", model_dir, *ENGINE, "--context-lens", "0,16", "--prefill-prompt-len", "65",
                  "--output", str(tmp_path / "p.json")]) == 2
     assert "--prefill-prompt-len" in capsys.readouterr().err
+
+
+def test_a_timed_prefill_step_counts_its_prompts():
+    """measure_prefill's step of 128 tokens at --prefill-prompt-len 32 is four prompts of 32 over no
+    cache: 4 logits rows and 4 x 32 x 33 / 2 = 2,112 attention pairs, as the simulator counts them."""
+    sample = timed_prefill_sample(128, 0.5, 32)
+    assert (sample.tokens, sample.kv_tokens, sample.pairs, sample.rows) == (128, 0, 2112, 4)
+    assert timed_prefill_sample(41, 0.1, 32).pairs == 41 * 42 / 2                  # one prompt of 41

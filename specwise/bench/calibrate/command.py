@@ -95,7 +95,7 @@ def _wave_json(wave: Wave) -> dict:
            "errors": sum(1 for r in wave.records if r.error)}
     if steps and steps.decode:
         out |= {"decode_seconds": steps.decode.seconds, "tokens": steps.decode.tokens,
-                "kv_tokens": steps.decode.kv_tokens, "window_steps": steps.window_steps,
+                "kv_tokens": steps.decode.kv_tokens, "pairs": steps.decode.pairs, "window_steps": steps.window_steps,
                 "spread": round(steps.spread, 4)}
     return out
 
@@ -104,5 +104,5 @@ def _probe_json(probe: Probe) -> dict:
     out = {"endpoint": probe.endpoint, "prompt_tokens": probe.prompt_tokens,
            "errors": sum(1 for r in probe.records if r.error)}
     if probe.sample:
-        out |= {"ttft_seconds": probe.sample.seconds, "tokens": probe.sample.tokens}
+        out |= {"ttft_seconds": probe.sample.seconds, "tokens": probe.sample.tokens, "pairs": probe.sample.pairs}
     return out
