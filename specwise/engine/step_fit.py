@@ -23,7 +23,9 @@ computes n (n + 1) / 2 pairs among its own tokens, which makes a prefill's time 
 length (our server on the 2-core machine: TTFTs of 53, 156 and 667 ms at 30, 229 and 914 tokens,
 which the straight line through them misses by 11% at 229 and 914 tokens), and a verification of 1 + k rows reads c
 cached tokens but computes (1 + k) c pairs. Fitted only where the samples separate it (prefill
-steps, or steps of several rows a sequence, beside decodes of one), else 0. `StepShape.of` counts
+steps, or steps of several rows a sequence, beside decodes of one) with a step shape to spare, else
+0: TTFTs at three prompt lengths would pin a prefill's constant (request overhead), linear and
+quadratic parts exactly, noise and all, so calibrate --endpoint needs four --prefill-lens or more. `StepShape.of` counts
 all three features from each sequence's rows and cache, for every side alike: the simulator's
 steps (sim/flat.py), a server's waves and prefills (bench/calibrate/samples.py) and our engine's
 timed steps (engine_cli.py).
@@ -219,10 +221,12 @@ def fit(samples: list[StepSample]) -> Fit:
     if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "
                           "sizes move together; vary them apart")
-    # the optional terms, each kept only where the samples separate it from the terms kept before it
+    # the optional terms, each kept only where the samples separate it from the terms kept before it, with
+    # a step shape to spare: a term that one shape alone pins down (three prompt lengths for a prefill's
+    # constant, linear and quadratic parts) goes exactly through that shape's noise, whatever it is
     kept = [0, 1, 2]
     for column in OPTIONAL_COLUMNS:
-        if _rank(design[:, kept + [column]]) == len(kept) + 1:
+        if _separated(design[:, kept + [column]]):
             kept.append(column)
     # relative least squares: a 5 ms step and a 500 ms one weigh the same
     weights = 1.0 / seconds
@@ -249,6 +253,12 @@ def _scale(design: np.ndarray, column: int, seconds: np.ndarray) -> float:
     """Seconds per unit of a column at which it moves the largest sample by its own length: a
     coefficient below -NUMERIC_ZERO of this is negative, not floating-point rounding of a zero."""
     return float(seconds.max() / max(np.abs(design[:, column]).max(), 1e-300))
+
+
+def _separated(columns: np.ndarray) -> bool:
+    """Full column rank with any one distinct row (a step shape, however often it was timed) left out."""
+    shapes = np.unique(columns, axis=0)
+    return all(_rank(np.delete(shapes, row, axis=0)) == columns.shape[1] for row in range(len(shapes)))
 
 
 def _rank(columns: np.ndarray) -> int:
