@@ -21,14 +21,14 @@ Reading the cache is memory traffic, once a sequence; a pair is arithmetic, once
 row computes c + 1 pairs, so there a pair only adds to what a cached token costs; a prompt chunk
 computes n (n + 1) / 2 pairs among its own tokens, which makes a prefill's time convex in its
 length (our server on the 2-core machine: TTFTs of 53, 156 and 667 ms at 30, 229 and 914 tokens,
-which the straight line through them misses by 11% at 229 and 914 tokens), and a verification of 1 + k rows reads c
-cached tokens but computes (1 + k) c pairs. Fitted only where the samples separate it (prefill
-steps, or steps of several rows a sequence, beside decodes of one) with a step shape to spare, else
-0: TTFTs at three prompt lengths would pin a prefill's constant (request overhead), linear and
-quadratic parts exactly, noise and all, so calibrate --endpoint needs four --prefill-lens or more. `StepShape.of` counts
-all three features from each sequence's rows and cache, for every side alike: the simulator's
-steps (sim/flat.py), a server's waves and prefills (bench/calibrate/samples.py) and our engine's
-timed steps (engine_cli.py).
+which the straight line through them misses by 11% at 229 and 914 tokens), and a verification of
+1 + k rows reads c cached tokens but computes (1 + k) c pairs. Fitted only where the samples
+separate it (prefill steps, or steps of several rows a sequence, beside decodes of one) with a step
+shape to spare, else 0: TTFTs at three prompt lengths would pin a prefill's constant (request
+overhead), linear and quadratic parts exactly, noise and all, so calibrate --endpoint needs four
+--prefill-lens or more. `StepShape.of` counts all three features from each sequence's rows and
+cache, for every side alike: the simulator's steps (sim/flat.py), a server's waves and prefills
+(bench/calibrate/samples.py) and our engine's timed steps (engine_cli.py).
 
 A request also waits outside any step: the HTTP round trip, tokenizing the prompt, the first
 chunk's way back. A server's TTFT is that request overhead plus its prefill step; where the samples
