@@ -6,7 +6,9 @@ import pytest
 
 from specwise.engine.step_profile import ProfileCost
 from specwise.engine_cli import timed_prefill_sample
-from specwise.cli import main
+from specwise.cli import build_parser, main
+from specwise.cli_args import dataclass_from_args
+from specwise.engine.step_fit import FitOptions
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
 
 ENGINE = ["--num-kv-blocks", "64", "--max-model-len", "64", "--max-num-batched-tokens", "256"]
@@ -37,6 +39,14 @@ def test_calibrate_writes_a_profile_with_its_grid_and_prefill_axis(tmp_path, mod
     # the linear fit of the same steps (engine/step_fit.py), with its residuals printed
     assert {"fixed_s", "per_token_s", "per_kv_token_s", "median_residual", "worst_residual"} <= set(data["linear"])
     assert "fitted linear:" in out and "residuals over 12 steps" in out
+    assert "per_attention_pair_s" not in data["linear"]           # counted, fitted only when asked
+
+
+def test_calibrate_fits_attention_pairs_only_when_asked():
+    """--fit-attention-pairs, one flag for our engine's calibrate and --endpoint's alike (FitOptions)."""
+    asked = build_parser().parse_args(["calibrate", "--fit-attention-pairs"])
+    assert dataclass_from_args(FitOptions, asked) == FitOptions(fit_attention_pairs=True)
+    assert dataclass_from_args(FitOptions, build_parser().parse_args(["calibrate"])) == FitOptions()
 
 
 def test_calibrate_rejects_a_grid_past_the_context_window(tmp_path, model_dir, capsys):

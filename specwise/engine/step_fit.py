@@ -22,11 +22,12 @@ row computes c + 1 pairs, so there a pair only adds to what a cached token costs
 computes n (n + 1) / 2 pairs among its own tokens, which makes a prefill's time convex in its
 length (our server on the 2-core machine: TTFTs of 53, 156 and 667 ms at 30, 229 and 914 tokens,
 which the straight line through them misses by 11% at 229 and 914 tokens), and a verification of
-1 + k rows reads c cached tokens but computes (1 + k) c pairs. Fitted only where the samples
-separate it (prefill steps, or steps of several rows a sequence, beside decodes of one) with a step
-shape to spare, else 0: TTFTs at three prompt lengths would pin a prefill's constant (request
-overhead), linear and quadratic parts exactly, noise and all, so calibrate --endpoint needs four
---prefill-lens or more. `StepShape.of` counts all three features from each sequence's rows and
+1 + k rows reads c cached tokens but computes (1 + k) c pairs. Counted always, fitted only when
+asked (FitOptions.fit_attention_pairs, `calibrate --fit-attention-pairs`) and where the samples
+separate it (prefill steps, or steps of several rows a sequence, beside decodes of one), else 0:
+calibrate --endpoint's three prefill lengths pin a prefill's constant (request overhead), linear and
+quadratic parts exactly, noise and all, and the recorded runs' replays came out worse with it
+(docs/calculators.md). `StepShape.of` counts all three features from each sequence's rows and
 cache, for every side alike: the simulator's steps (sim/flat.py), a server's waves and prefills
 (bench/calibrate/samples.py) and our engine's timed steps (engine_cli.py).
 
@@ -51,7 +52,7 @@ its verification rows alone: the drafter runs on the same machine. `drafting` ho
 fit per drafting method, fitted on that server's own steps; `for_method` picks it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,7 +65,16 @@ LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when abs
 REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)
 ATTENTION_PAIR = "per_attention_pair_s"   # optional: per (query, key) pair attention computes (0 when absent)
 OPTIONAL_COLUMNS = (3, 4, 5)   # of fit's design: logits rows, is a TTFT, attention pairs (0-2: 1, tokens, KV)
+PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
+
+
+@dataclass
+class FitOptions:
+    """Which optional terms `fit` may add (`specwise calibrate` flags, both for our engine and --endpoint)."""
+    fit_attention_pairs: bool = field(default=False, metadata={"help": (
+        "fit a cost per attention pair (a prefill convex in its length); off: pairs are counted, not "
+        "costed, as three prefill lengths fit that term to their noise (docs/calculators.md)")})
 
 
 @dataclass(frozen=True)
@@ -202,12 +212,13 @@ class Fit:
                                       "worst_residual": float(residuals.max()), "steps": len(self.samples)}
 
 
-def fit(samples: list[StepSample]) -> Fit:
+def fit(samples: list[StepSample], options: FitOptions | None = None) -> Fit:
     """Least squares of seconds on (1, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]);
     ConfigError when the sweep is too short. An optional column is kept only where the samples tell it
     from the others: logits rows where prefill steps sit beside decode steps, the request overhead where
-    TTFTs do, attention pairs where prompts of several lengths do (a decode's pairs are its KV tokens
-    plus its rows: no sweep of decodes alone can tell them apart)."""
+    TTFTs do, attention pairs (only with options.fit_attention_pairs) where prompts of several lengths
+    do (a decode's pairs are its KV tokens plus its rows: no sweep of decodes alone can tell them apart)."""
+    options = options or FitOptions()
     tokens = {s.tokens for s in samples}
     kv = {s.kv_tokens for s in samples}
     if len(samples) < MIN_SAMPLES or len(tokens) < 2 or len(kv) < 2:
@@ -221,12 +232,12 @@ def fit(samples: list[StepSample]) -> Fit:
     if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "
                           "sizes move together; vary them apart")
-    # the optional terms, each kept only where the samples separate it from the terms kept before it, with
-    # a step shape to spare: a term that one shape alone pins down (three prompt lengths for a prefill's
-    # constant, linear and quadratic parts) goes exactly through that shape's noise, whatever it is
+    # the optional terms, each kept only where the samples separate it from the terms kept before it
     kept = [0, 1, 2]
     for column in OPTIONAL_COLUMNS:
-        if _separated(design[:, kept + [column]]):
+        if column == PAIRS_COLUMN and not options.fit_attention_pairs:
+            continue
+        if _rank(design[:, kept + [column]]) == len(kept) + 1:
             kept.append(column)
     # relative least squares: a 5 ms step and a 500 ms one weigh the same
     weights = 1.0 / seconds
@@ -253,12 +264,6 @@ def _scale(design: np.ndarray, column: int, seconds: np.ndarray) -> float:
     """Seconds per unit of a column at which it moves the largest sample by its own length: a
     coefficient below -NUMERIC_ZERO of this is negative, not floating-point rounding of a zero."""
     return float(seconds.max() / max(np.abs(design[:, column]).max(), 1e-300))
-
-
-def _separated(columns: np.ndarray) -> bool:
-    """Full column rank with any one distinct row (a step shape, however often it was timed) left out."""
-    shapes = np.unique(columns, axis=0)
-    return all(_rank(np.delete(shapes, row, axis=0)) == columns.shape[1] for row in range(len(shapes)))
 
 
 def _rank(columns: np.ndarray) -> int:
