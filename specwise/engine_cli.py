@@ -7,14 +7,15 @@ import platform
 import sys
 import time
 
+import numpy as np
 from rich.progress import Progress
 
 from specwise.bench.calibrate.command import calibrate_endpoints, parse_arms
 from specwise.bench.calibrate.sweep import SweepDesign
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
-from specwise.engine.step_fit import StepSample, fit, grid_samples
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.step_fit import FitOptions, StepSample, StepShape, fit, grid_samples
+from specwise.engine.step_profile import ProfileCost, prefill_prompts
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 
@@ -81,6 +82,7 @@ def register_calibrate(subparsers) -> None:
                           "server (--endpoint); save a step profile",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_dataclass_args(parser, EngineConfig, exclude=("speculative", "num_speculative_tokens", "seed"))
+    add_dataclass_args(parser, FitOptions)              # the step-cost fit, our engine's and --endpoint's alike
     endpoint = parser.add_argument_group("a server instead of our engine (--endpoint): a designed sweep of waves")
     endpoint.add_argument("--endpoint", help="OpenAI-compatible server URL to calibrate (then --model names the "
                                              "served model; default: the server's first)")
@@ -141,11 +143,10 @@ def run_calibrate(args) -> int:
                           model=f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
                                 f"{str(engine.dtype).removeprefix('torch.')}")
     data = profile.to_json()
-    # a prefill step samples one row per prompt (measure_prefill's prompts of prefill_prompt_len)
-    samples = grid_samples(*axes, seconds) + [StepSample(total, 0, time, max(1, round(total / args.prefill_prompt_len)))
+    samples = grid_samples(*axes, seconds) + [timed_prefill_sample(total, time, args.prefill_prompt_len)
                                               for total, time in zip(totals, prefill_seconds)]
     try:
-        linear = fit(samples)
+        linear = fit(samples, dataclass_from_args(FitOptions, args))
         print(f"fitted {linear.summary()}")
         data["linear"] = linear.to_json()
     except ConfigError as error:
@@ -156,6 +157,12 @@ def run_calibrate(args) -> int:
     return 0
 
 
+def timed_prefill_sample(total: int, seconds: float, prompt_len: int) -> StepSample:
+    """A timed prefill step (measure_prefill's prompts over no cache): it samples one row per prompt."""
+    count, length = prefill_prompts(total, prompt_len)
+    return StepSample(StepShape.of(np.full(count, length), 0.0), seconds, logits_rows=count)
+
+
 def run_endpoint_calibrate(args) -> int:
     design = SweepDesign(batch_sizes=parse_int_list(args.batch_sizes or ENDPOINT_BATCH_SIZES, "--batch-sizes"),
                          prompt_tokens=parse_int_list(args.prompt_tokens, "--prompt-tokens"),
@@ -163,7 +170,8 @@ def run_endpoint_calibrate(args) -> int:
                          prefill_tokens=parse_int_list(args.prefill_lens, "--prefill-lens"),
                          prefill_repeats=args.prefill_repeats)
     model = getattr(args, "model", None)              # EngineConfig's flag, absent from the namespace when not given
-    calibrate_endpoints(args.endpoint, parse_arms(args.speculative_arm), design, model, args.output)
+    calibrate_endpoints(args.endpoint, parse_arms(args.speculative_arm), design, model, args.output,
+                        dataclass_from_args(FitOptions, args))
     return 0
 
 

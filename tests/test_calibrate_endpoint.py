@@ -20,7 +20,7 @@ from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_ste
 from specwise.bench.calibrate.sweep import SweepDesign, Wave
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
-from specwise.engine.step_fit import LinearStepCost, StepSample
+from specwise.engine.step_fit import LinearStepCost, StepSample, StepShape
 from specwise.engine.step_profile import load_step_cost
 from specwise.errors import ConfigError
 
@@ -117,7 +117,7 @@ def test_a_server_that_does_not_answer_is_refused_before_the_sweep(tmp_path, cap
 
 def test_a_noisy_sweep_is_refused_in_one_line():
     """Steps that scatter 30% around any straight line: the fit's median residual gives it away."""
-    samples = [StepSample(b, b * c, (0.02 + 0.001 * b + 1e-5 * b * c) * noise)
+    samples = [StepSample(StepShape.of([1] * b, [c] * b), (0.02 + 0.001 * b + 1e-5 * b * c) * noise)
                for (b, c), noise in zip([(b, c) for b in (1, 2, 4, 8) for c in (20, 150)],
                                         (1.3, 0.7, 0.7, 1.3, 1.3, 0.7, 0.7, 1.3))]
     waves = [Wave("off", 1, 16, [], WaveSteps(1, sample)) for sample in samples]
@@ -147,12 +147,14 @@ def record(index: int, send: float, ttft: float, gap: float, chunks: int, prompt
 
 def test_a_wave_by_hand():
     """4 requests sent at 0, prefilled in one step (first tokens all at 0.1 s), then 40 ms steps: the
-    window runs from 0.1 s to the first finish; KV = 4 x (100 + the tokens made mid-window - 1)."""
+    window runs from 0.1 s to the first finish; KV = 4 x (100 + the tokens made mid-window - 1), and
+    each decode row attends to its cache and itself: attention pairs = KV + 4."""
     records = [record(i, 0.0, 0.1, 0.04, 30) for i in range(4)]
     steps = wave_steps(records, 4)
     assert steps.decode.seconds == pytest.approx(0.04)
     assert steps.decode.tokens == 4 and steps.window_steps == 29
     assert steps.decode.kv_tokens == pytest.approx(4 * (100 + (1 + 30) / 2 - 1))
+    assert steps.decode.pairs == pytest.approx(4 * (100 + (1 + 30) / 2 - 1) + 4)
     # staggered prefill: the window starts at the last first token
     late = [record(i, 0.0, 0.1 + 0.04 * i, 0.04, 30) for i in range(4)]
     staggered = wave_steps(late, 4)
@@ -164,19 +166,22 @@ def test_a_wave_by_hand():
 
 def test_a_speculating_wave_by_hand():
     """Each request drafted 3 tokens a step over 10 decode steps and accepted 10 of 30: 21 tokens in
-    11 chunks (the first from the prefill), rows 1 + 30 / 10 = 4 a step. From the server's counters
-    instead (no per-request ones), each request's share of the wave's."""
+    11 chunks (the first from the prefill), rows 1 + 30 / 10 = 4 a step. Mid-window (0.35 s) each had
+    made 11 tokens: 100 + 11 - 1 = 110 cached, 4 x 110 + 4 x 5 / 2 = 450 attention pairs. From the
+    server's counters instead (no per-request ones), each request's share of the wave's."""
     own = [record(i, 0.0, 0.1, 0.05, 11, output=21, drafts=10, draft_tokens=30, accepted_tokens=10)
            for i in range(2)]
     steps = wave_steps(own, 2)
     assert steps.decode.seconds == pytest.approx(0.05) and steps.decode.tokens == pytest.approx(8)
+    assert steps.decode.kv_tokens == pytest.approx(2 * 110) and steps.decode.pairs == pytest.approx(2 * 450)
     shared = [record(i, 0.0, 0.1, 0.05, 11, output=21) for i in range(2)]
     assert wave_steps(shared, 2, drafts=(60, 20)).decode.tokens == pytest.approx(8)
 
 
 def test_a_prefill_is_the_median_ttft_of_single_requests():
     records = [record(i, i, ttft, 0.04, 2, prompt=256) for i, ttft in enumerate((0.31, 0.30, 0.45))]
-    assert prefill_sample(records) == StepSample(256, 0, pytest.approx(0.31), logits_rows=1, first_token=True)
+    assert prefill_sample(records) == StepSample(StepShape(256, 0, 256 * 257 / 2), pytest.approx(0.31), logits_rows=1,
+                                                 first_token=True)
 
 
 def test_merged_chunks_count_their_tokens():

@@ -128,6 +128,24 @@ def test_a_linear_model_costs_the_flat_step_as_it_is():
     assert result.records[0].chunk_tokens == [1, 2]
 
 
+def test_a_prompt_chunk_after_its_cached_part_costs_its_attention_pairs():
+    """10 ms a step + 10 us an attention pair (engine/step_fit.py: a sequence fed n rows over c cached
+    tokens computes n c + n (n + 1) / 2), a token budget of 16. a (8-token prompt, 3 tokens): its
+    prefill computes 36 pairs (10.36 ms), its decodes over 8 and 9 cached tokens 9 and 10. b (30-token
+    prompt, 2 tokens) arrives at 15 ms and joins the third step beside a's decode: its first chunk of
+    15 tokens over no cache computes 120 pairs (10 + 1.3 = 11.3 ms); its second chunk, 15 tokens after
+    the first 15 are cached, 15 x 15 + 120 = 345 (13.45 ms), its decode over 30 cached tokens 31."""
+    from specwise.engine.step_fit import LinearStepCost
+    requests = [WorkloadRequest(request_id="a", category="chat", max_tokens=3, prompt_tokens=8, arrival_time=0.0),
+                WorkloadRequest(request_id="b", category="chat", max_tokens=2, prompt_tokens=30, arrival_time=0.015)]
+    cost = LinearStepCost(0.010, 0.0, 0.0, per_attention_pair_s=1e-5)
+    a, b = FlatSimulator(cost, SimServerConfig(max_num_batched_tokens=16), 10_000).run(
+        requests, OFF, LoadPoint("trace", 1.0)).records
+    steps = np.cumsum([0.01036, 0.01009, 0.0113, 0.01345, 0.01031])
+    assert a.chunk_times == pytest.approx(steps[:3])
+    assert b.send_time + np.array(b.chunk_times) == pytest.approx(steps[3:])
+
+
 def test_a_calibrated_servers_logits_rows_request_overhead_and_drafting_fit():
     """A server's fit (calibrate --endpoint): 10 ms + 1 ms a row + 0.1 ms a KV token + 2 ms a sampled
     row, 5 ms a request before it reaches the scheduler. off: admitted at 5 ms, its prefill of 8

@@ -15,7 +15,7 @@ so decode is memory-bound: about 221 tokens/s at best.
 import numpy as np
 
 from specwise.calc.deployment import WEIGHT_BYTES, Deployment
-from specwise.engine.step_cost import StepCostModel, check_step_shape
+from specwise.engine.step_cost import StepCostModel, attention_pairs, check_step_shape
 
 ACTIVATION_BYTES = 2          # bf16 activations cross the tensor-parallel all-reduces
 
@@ -49,8 +49,9 @@ class RooflineCost(StepCostModel):
         key = (batch_size, tokens_per_seq)
         if key not in self._lines:
             new = batch_size * tokens_per_seq
-            # each new token attends to the cached context and, causally, to the new tokens before it
-            own_pairs = batch_size * tokens_per_seq * (tokens_per_seq + 1) / 2
+            # each new token attends to the cached context (c1 below: t pairs a cached token) and,
+            # causally, to the new tokens before it
+            own_pairs = batch_size * float(attention_pairs(tokens_per_seq, 0))
             self._lines[key] = (
                 (self.weight_bytes + new * self.kv_per_token) / self.bandwidth,
                 self.kv_per_token / self.bandwidth,
@@ -67,7 +68,7 @@ class RooflineCost(StepCostModel):
 
     def prefill_time(self, prompt_lens) -> float:
         new = float(sum(prompt_lens))
-        pairs = sum(n * (n + 1) / 2 for n in prompt_lens)
+        pairs = float(np.sum(attention_pairs(prompt_lens, 0)))
         memory = (self.weight_bytes + new * self.kv_per_token) / self.bandwidth
         compute = (self.linear_flops_per_token * new + self.attention_flops_per_pair * pairs) / self.flops
         return max(memory, compute) + self._fixed(new)

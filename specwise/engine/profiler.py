@@ -12,6 +12,7 @@ from typing import Callable
 
 from specwise.engine.model_runner import ModelRunner
 from specwise.engine.sequence import Sequence
+from specwise.engine.step_profile import prefill_prompts
 from specwise.sampling_params import SamplingParams
 
 
@@ -57,8 +58,7 @@ def measure_prefill(runner: ModelRunner, total_tokens: list[int], prompt_len: in
     (1024 tokens at prompt_len 256: 4 prompts). Returns the exact totals and their seconds."""
     totals, seconds = [], []
     for total in total_tokens:
-        num_prompts = max(1, round(total / prompt_len))
-        length = max(1, total // num_prompts)
+        num_prompts, length = prefill_prompts(total, prompt_len)
         if totals and num_prompts * length <= totals[-1]:
             continue                                   # rounds to a total already measured
         totals.append(num_prompts * length)

@@ -44,6 +44,19 @@ class StepCostModel(ABC):
         return float(self.step_times(batch_size, tokens_per_seq, np.array([total]))[0])
 
 
+def attention_pairs(new_tokens, cached_tokens):
+    """(query, key) pairs a sequence's attention computes when it is fed `new_tokens` rows after
+    `cached_tokens` cached ones: each row attends to every cached token and, causally, to itself and
+    the rows fed before it, so new x cached + new (new + 1) / 2. The one count of attention work for
+    every step-cost model (the roofline's FLOPs, the linear model's feature). Numbers or arrays
+    (elementwise). Worked example: a 100-token prompt chunk after 50 cached tokens computes
+    5,000 + 5,050 = 10,050 pairs; a decode row over 300 cached tokens 301; a verification of 1 + 4
+    rows over 300, 1,515. A draft tree's rows count as a chain of as many rows (its mask hides a
+    few of the pairs among them; they are few beside the cache's)."""
+    new = np.asarray(new_tokens, dtype=float)
+    return new * np.asarray(cached_tokens, dtype=float) + new * (new + 1) / 2
+
+
 def check_step_shape(batch_size: int, tokens_per_seq: int) -> None:
     if batch_size < 1 or tokens_per_seq < 1:
         raise ConfigError(f"batch_size and tokens_per_seq must be >= 1, got {batch_size} and {tokens_per_seq}")

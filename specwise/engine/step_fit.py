@@ -3,7 +3,7 @@
 A forward pass over a flat batch costs
 
     seconds = fixed + per_token x batched tokens + per_kv_token x KV tokens read
-              [+ per_logits_row x logits rows]
+              [+ per_logits_row x logits rows] [+ per_attention_pair x attention pairs]
 
 batched tokens = every row the step computes (decode rows, draft rows, prompt chunk tokens);
 KV tokens read = the cached tokens its attention reads, summed over the sequences (each once per
@@ -15,6 +15,22 @@ LM head, the sampler and the server's per-token output work cost per logits row,
 decode row costs several times a prompt token; the fourth term is fitted only when the samples
 separate the two (prefill steps beside decode steps), else it is 0 and a row is a row.
 
+attention pairs = the (query, key) pairs its attention computes (engine/step_cost.py
+`attention_pairs`): a sequence fed n rows after c cached tokens computes n x c + n (n + 1) / 2.
+Reading the cache is memory traffic, once a sequence; a pair is arithmetic, once a row. A decode
+row computes c + 1 pairs, so there a pair only adds to what a cached token costs; a prompt chunk
+computes n (n + 1) / 2 pairs among its own tokens, which makes a prefill's time convex in its
+length (our server on the 2-core machine: TTFTs of 53, 156 and 667 ms at 30, 229 and 914 tokens,
+which the straight line through them misses by 11% at 229 and 914 tokens), and a verification of
+1 + k rows reads c cached tokens but computes (1 + k) c pairs. Counted always, fitted only when
+asked (FitOptions.fit_attention_pairs, `calibrate --fit-attention-pairs`) and where the samples
+separate it (prefill steps, or steps of several rows a sequence, beside decodes of one), else 0:
+calibrate --endpoint's three prefill lengths pin a prefill's constant (request overhead), linear and
+quadratic parts exactly, noise and all, and the recorded runs' replays came out worse with it
+(docs/calculators.md). `StepShape.of` counts all three features from each sequence's rows and
+cache, for every side alike: the simulator's steps (sim/flat.py), a server's waves and prefills
+(bench/calibrate/samples.py) and our engine's timed steps (engine_cli.py).
+
 A request also waits outside any step: the HTTP round trip, tokenizing the prompt, the first
 chunk's way back. A server's TTFT is that request overhead plus its prefill step; where the samples
 hold TTFTs (`first_token`) beside plain steps, the overhead is fitted too, and the simulator admits
@@ -23,9 +39,10 @@ tell from it: a KV token or a request costing less than nothing) is fitted away 
 coefficients solved again without it, so the fit is least squares kept non-negative.
 
 Worked example: fixed 20 ms, 0.5 ms a token, 2 us a KV token: 8 sequences verifying 1 + 4 rows
-each over 300 cached tokens cost 20 + 0.5 x 40 + 0.002 x 2,400 = 44.8 ms.
+each over 300 cached tokens cost 20 + 0.5 x 40 + 0.002 x 2,400 = 44.8 ms; at 0.1 us an attention
+pair more, their 8 x 1,515 pairs add 1.2 ms, and a 914-token prompt's 418,155 pairs 41.8 ms.
 
-`fit` takes (batched tokens, KV tokens read, seconds[, logits rows, is a TTFT]) samples, solves for the
+`fit` takes samples (a StepShape and its seconds[, logits rows, is a TTFT]), solves for the
 coefficients by least squares and keeps the residuals, so a profile that does not fit says so.
 It refuses (one line) a sweep that cannot separate them: fewer than MIN_SAMPLES samples, or too
 few distinct token counts or KV sizes (the columns would be collinear).
@@ -35,27 +52,72 @@ its verification rows alone: the drafter runs on the same machine. `drafting` ho
 fit per drafting method, fitted on that server's own steps; `for_method` picks it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from specwise.engine.step_cost import StepCostModel, check_step_shape
+from specwise.engine.step_cost import StepCostModel, attention_pairs, check_step_shape
 from specwise.errors import ConfigError
 
 MIN_SAMPLES = 6            # three coefficients, and as many samples again to see residuals
 COEFFICIENTS = ("fixed_s", "per_token_s", "per_kv_token_s")
 LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when absent)
 REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)
+ATTENTION_PAIR = "per_attention_pair_s"   # optional: per (query, key) pair attention computes (0 when absent)
+OPTIONAL_COLUMNS = (3, 4, 5)   # of fit's design: logits rows, is a TTFT, attention pairs (0-2: 1, tokens, KV)
+PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
+
+
+@dataclass
+class FitOptions:
+    """Which optional terms `fit` may add (`specwise calibrate` flags, both for our engine and --endpoint)."""
+    fit_attention_pairs: bool = field(default=False, metadata={"help": (
+        "fit a cost per attention pair (a prefill convex in its length); off: pairs are counted, not "
+        "costed, as three prefill lengths fit that term to their noise (docs/calculators.md)")})
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step computes, the linear model's features: batched tokens, KV tokens read and
+    attention pairs. Fields are numbers, or arrays over several steps (step_times)."""
+    tokens: float
+    kv_tokens: float
+    pairs: float
+
+    @classmethod
+    def of(cls, new_tokens, cached_tokens) -> "StepShape":
+        """Sequences each fed new_tokens[i] rows after cached_tokens[i] cached tokens, summed over the
+        last axis (a number: one sequence). Worked example: decodes over 100 and 200 cached tokens
+        beside a 50-token chunk after 30, of([1, 1, 50], [100, 200, 30]): 52 tokens, 330 KV tokens
+        read, 101 + 201 + 2,775 = 3,077 pairs."""
+        new, cached = np.broadcast_arrays(np.atleast_1d(np.asarray(new_tokens, dtype=float)),
+                                          np.atleast_1d(np.asarray(cached_tokens, dtype=float)))
+        return cls(new.sum(-1), cached.sum(-1), attention_pairs(new, cached).sum(-1))
+
+    def scaled(self, count: float) -> "StepShape":
+        """`count` sequences like this one (each feature is a sum over sequences)."""
+        return StepShape(self.tokens * count, self.kv_tokens * count, self.pairs * count)
 
 
 @dataclass(frozen=True)
 class StepSample:
-    tokens: float              # batched tokens in the step
-    kv_tokens: float           # cached tokens its attention read, summed over the batch
+    shape: StepShape
     seconds: float
     logits_rows: float | None = None     # rows sampled; None: every token (a decode or verification step)
     first_token: bool = False            # a time to first token: the step plus the server's request overhead
+
+    @property
+    def tokens(self) -> float:
+        return self.shape.tokens
+
+    @property
+    def kv_tokens(self) -> float:
+        return self.shape.kv_tokens
+
+    @property
+    def pairs(self) -> float:
+        return self.shape.pairs
 
     @property
     def rows(self) -> float:
@@ -64,22 +126,26 @@ class StepSample:
 
 class LinearStepCost(StepCostModel):
     def __init__(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, description: str = "",
-                 per_logits_row_s: float = 0.0, drafting: dict | None = None, request_overhead_s: float = 0.0):
+                 per_logits_row_s: float = 0.0, drafting: dict | None = None, request_overhead_s: float = 0.0,
+                 per_attention_pair_s: float = 0.0):
         self.fixed_s, self.per_token_s, self.per_kv_token_s = fixed_s, per_token_s, per_kv_token_s
         self.per_logits_row_s, self.request_overhead_s = per_logits_row_s, request_overhead_s
+        self.per_attention_pair_s = per_attention_pair_s
         self.drafting: dict[str, LinearStepCost] = drafting or {}
         row = f" + {per_logits_row_s * 1e3:.3f} ms/logits row" if per_logits_row_s else ""
+        row += f" + {per_attention_pair_s * 1e9:.2f} ns/attention pair" if per_attention_pair_s else ""
         row += f"; {request_overhead_s * 1e3:.2f} ms a request" if request_overhead_s else ""
         self.description = description or (f"linear: {fixed_s * 1e3:.2f} ms + {per_token_s * 1e3:.3f} ms/token "
                                            f"+ {per_kv_token_s * 1e6:.3f} us/KV token{row}")
 
-    def seconds(self, tokens, kv_tokens, logits_rows=None) -> np.ndarray:
+    def seconds(self, shape: StepShape, logits_rows=None) -> np.ndarray:
         """One step's seconds (the request overhead is no part of a step)."""
         # logits_rows None: every token is sampled (a decode or verification step)
-        tokens = np.asarray(tokens, dtype=float)
+        tokens = np.asarray(shape.tokens, dtype=float)
         rows = tokens if logits_rows is None else np.asarray(logits_rows, dtype=float)
         return np.maximum(self.fixed_s + self.per_token_s * tokens + self.per_logits_row_s * rows
-                          + self.per_kv_token_s * np.asarray(kv_tokens, dtype=float), 0.0)
+                          + self.per_kv_token_s * np.asarray(shape.kv_tokens, dtype=float)
+                          + self.per_attention_pair_s * np.asarray(shape.pairs, dtype=float), 0.0)
 
     def for_method(self, method: str) -> "LinearStepCost":
         """The fit of the server speculating with this method, where the profile has one."""
@@ -87,29 +153,33 @@ class LinearStepCost(StepCostModel):
 
     def step_times(self, batch_size: int, tokens_per_seq: int, total_context) -> np.ndarray:
         check_step_shape(batch_size, tokens_per_seq)
-        return self.seconds(batch_size * tokens_per_seq, total_context)
+        # every sequence at the mean context: the features are linear in each sequence's context
+        mean = np.asarray(total_context, dtype=float)[..., None] / batch_size
+        return self.seconds(StepShape.of(tokens_per_seq, mean).scaled(batch_size))
 
     def prefill_time(self, prompt_lens) -> float:
-        return float(self.seconds(float(np.sum(prompt_lens)), 0.0, len(prompt_lens)))
+        return float(self.seconds(StepShape.of(prompt_lens, 0.0), len(prompt_lens)))
 
     def to_json(self) -> dict:
         out = dict(zip(COEFFICIENTS, (self.fixed_s, self.per_token_s, self.per_kv_token_s)))
-        extra = {LOGITS_ROW: self.per_logits_row_s, REQUEST_OVERHEAD: self.request_overhead_s}
+        extra = {LOGITS_ROW: self.per_logits_row_s, REQUEST_OVERHEAD: self.request_overhead_s,
+                 ATTENTION_PAIR: self.per_attention_pair_s}
         return out | {key: value for key, value in extra.items() if value}
 
     @classmethod
     def from_json(cls, data: dict, description: str = "") -> "LinearStepCost":
-        """{"fixed_s", "per_token_s", "per_kv_token_s"[, "per_logits_row_s"][, "drafting": {method: {...}}]};
-        ValueError when a coefficient is missing or not a number."""
+        """{"fixed_s", "per_token_s", "per_kv_token_s"[, "per_logits_row_s"][, "request_overhead_s"]
+        [, "per_attention_pair_s"][, "drafting": {method: {...}}]}; ValueError when a coefficient is
+        missing or not a number."""
         try:
             values = [float(data[key]) for key in COEFFICIENTS]
-            row, overhead = (float(data.get(key, 0.0)) for key in (LOGITS_ROW, REQUEST_OVERHEAD))
+            row, overhead, pair = (float(data.get(key, 0.0)) for key in (LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"needs {', '.join(COEFFICIENTS)} as numbers") from None
         drafting = {method: cls.from_json(fit, f"{description} ({method})" if description else "")
                     for method, fit in (data.get("drafting") or {}).items()}
         return cls(*values, description=description, per_logits_row_s=row, drafting=drafting,
-                   request_overhead_s=overhead)
+                   request_overhead_s=overhead, per_attention_pair_s=pair)
 
 
 @dataclass
@@ -131,7 +201,7 @@ class Fit:
                 f"{np.median(residuals):.1%}, worst {residuals.max():.1%}")
 
     def residual_lines(self) -> list[str]:
-        return [f"  {s.tokens:>8g} tokens {s.rows:>6g} logits rows {s.kv_tokens:>9g} KV  measured "
+        return [f"  {s.tokens:>8g} tokens {s.rows:>6g} logits rows {s.kv_tokens:>9g} KV {s.pairs:>10g} pairs  measured "
                 f"{s.seconds * 1e3:8.2f} ms  fitted {p * 1e3:8.2f} ms  {r:+.1%}"
                 for s, p, r in zip(self.samples, self.predicted, self.relative_residuals)]
 
@@ -142,10 +212,13 @@ class Fit:
                                       "worst_residual": float(residuals.max()), "steps": len(self.samples)}
 
 
-def fit(samples: list[StepSample]) -> Fit:
-    """Least squares of seconds on (1, tokens, KV tokens[, logits rows][, is a TTFT]); ConfigError when
-    the sweep is too short. An optional column is kept only where the samples tell it from the others:
-    logits rows where prefill steps sit beside decode steps, the request overhead where TTFTs do."""
+def fit(samples: list[StepSample], options: FitOptions | None = None) -> Fit:
+    """Least squares of seconds on (1, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]);
+    ConfigError when the sweep is too short. An optional column is kept only where the samples tell it
+    from the others: logits rows where prefill steps sit beside decode steps, the request overhead where
+    TTFTs do, attention pairs (only with options.fit_attention_pairs) where prompts of several lengths
+    do (a decode's pairs are its KV tokens plus its rows: no sweep of decodes alone can tell them apart)."""
+    options = options or FitOptions()
     tokens = {s.tokens for s in samples}
     kv = {s.kv_tokens for s in samples}
     if len(samples) < MIN_SAMPLES or len(tokens) < 2 or len(kv) < 2:
@@ -154,15 +227,18 @@ def fit(samples: list[StepSample]) -> Fit:
                           f"2 of each)")
     if any(s.seconds <= 0 for s in samples):
         raise ConfigError("a step time of zero or less cannot be fitted")
-    design = np.array([[1.0, s.tokens, s.kv_tokens, s.rows, float(s.first_token)] for s in samples])
+    design = np.array([[1.0, s.tokens, s.kv_tokens, s.rows, float(s.first_token), s.pairs] for s in samples])
     seconds = np.array([s.seconds for s in samples])
     if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "
                           "sizes move together; vary them apart")
-    # the optional terms, each kept only where the samples separate it from the others
-    kept = [0, 1, 2] + [column for column in (3, 4) if _rank(design[:, [0, 1, 2, column]]) == 4]
-    if len(kept) == 5 and _rank(design) < 5:
-        kept.pop()
+    # the optional terms, each kept only where the samples separate it from the terms kept before it
+    kept = [0, 1, 2]
+    for column in OPTIONAL_COLUMNS:
+        if column == PAIRS_COLUMN and not options.fit_attention_pairs:
+            continue
+        if _rank(design[:, kept + [column]]) == len(kept) + 1:
+            kept.append(column)
     # relative least squares: a 5 ms step and a 500 ms one weigh the same
     weights = 1.0 / seconds
     while True:
@@ -179,7 +255,8 @@ def fit(samples: list[StepSample]) -> Fit:
         kept.remove(min(negative, key=lambda column: values[column] * _scale(design, column, seconds)))
     values = {column: max(value, 0.0) for column, value in values.items()}
     cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
-                          per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0))
+                          per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
+                          per_attention_pair_s=values.get(5, 0.0))
     return Fit(cost, list(samples), design[:, kept] @ solved)
 
 
@@ -196,8 +273,8 @@ def _rank(columns: np.ndarray) -> int:
 
 
 def grid_samples(batch_sizes, tokens_per_seq, context_lens, seconds) -> list[StepSample]:
-    """A step profile's grid (seconds[b][t][c]) as samples: batch x t tokens over batch x c KV tokens
-    (every row sampled, as the profiler computes logits at every position)."""
-    return [StepSample(b * t, b * c, float(seconds[i][j][m]))
+    """A step profile's grid (seconds[b][t][c]) as samples: batch sequences of t rows over c cached
+    tokens each (every row sampled, as the profiler computes logits at every position)."""
+    return [StepSample(StepShape.of(np.full(b, t), np.full(b, c)), float(seconds[i][j][m]))
             for i, b in enumerate(batch_sizes) for j, t in enumerate(tokens_per_seq)
             for m, c in enumerate(context_lens)]

@@ -123,6 +123,14 @@ class ProfileCost(StepCostModel):
         return float(self.step_times(len(lens), max(1, round(float(length))), np.zeros(1))[0])
 
 
+def prefill_prompts(total: int, prompt_len: int) -> tuple[int, int]:
+    """The prompts making up a timed prefill step of about `total` tokens (engine/profiler.py), as
+    (how many, their length): the profile's prefill axis. Worked example: 1024 at prompt_len 256 ->
+    (4, 256); 41 at 32 -> (1, 41); 128 at 32 -> (4, 32)."""
+    num_prompts = max(1, round(total / prompt_len))
+    return num_prompts, max(1, total // num_prompts)
+
+
 def load_step_cost(path) -> StepCostModel:
     """A profile file as a step-cost model: its grid (ProfileCost) where it has one, else its
     linear fit ("linear": {"fixed_s", "per_token_s", "per_kv_token_s"}, engine/step_fit.py)."""

@@ -18,9 +18,10 @@ fed as a share of n x k times the difference to a full verification of 1 + k row
 with both is one forward, so the fixed cost (a plain batch-1 step over no context) is paid once:
     time = max(decode, prompt, decode + prompt - fixed) (+ the arm's per-step overhead)
 Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
-(engine/step_fit.py) costs the step as it is: its rows, the KV tokens they read and the rows it
-samples; where the profile holds the speculating server's own fit for the arm's method (a
-calibration against that server), the arm's steps are costed with it. A linear model's request
+(engine/step_fit.py) costs the step as it is: its rows, the KV tokens they read, the attention
+pairs they compute (a prompt chunk's among its own tokens too) and the rows it samples; where the
+profile holds the speculating server's own fit for the arm's method (a calibration against that
+server), the arm's steps are costed with it. A linear model's request
 overhead (a server's HTTP and tokenizing time) delays each request's admission by that much, the
 server taking arriving requests one at a time (a wave sent at once is admitted one overhead apart).
 """
@@ -41,7 +42,7 @@ from specwise.engine.block_manager import BlockManager
 from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
 from specwise.engine.step_cost import StepCostModel
-from specwise.engine.step_fit import LinearStepCost
+from specwise.engine.step_fit import LinearStepCost, StepShape
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 from specwise.sim.request_acceptance import Draws, assign
@@ -308,11 +309,13 @@ class _Run:
 
     def _linear_seconds(self, batch: ScheduledBatch, rows: list[int], k: int, decode: list[int]) -> float:
         """A linear model costs the flat step as it is: every row it computes, every KV token it reads,
-        every row it samples (a decode row and its drafts; a prompt chunk only at its last token)."""
-        tokens = sum(batch.num_new_tokens) + sum(rows)
-        kv = sum(seq.num_computed_tokens for seq in batch.seqs)
+        every attention pair (engine/step_fit.py StepShape: each sequence's rows, its drafts included,
+        over its cache), every row it samples (a decode row and its drafts; a prompt chunk only at its
+        last token)."""
+        shape = StepShape.of([new + drafts for new, drafts in zip(batch.num_new_tokens, rows)],
+                             [seq.num_computed_tokens for seq in batch.seqs])
         sampled = sum(1 + rows[i] for i in range(len(batch.seqs)) if batch.samples(i))
-        seconds = float(self.cost.seconds(tokens, kv, sampled))
+        seconds = float(self.cost.seconds(shape, sampled))
         if any(rows[i] for i in decode):
             seconds += self.arm.overhead_s
             if not self.tree_rows:

@@ -18,7 +18,7 @@ from rich.progress import Progress
 
 from specwise.bench.calibrate.sweep import Probe, SweepDesign, Wave, run_sweep
 from specwise.bench.load.targets.http import HttpTarget, check_endpoint
-from specwise.engine.step_fit import Fit, fit
+from specwise.engine.step_fit import Fit, FitOptions, fit
 from specwise.engine.step_profile import PROFILE_FORMAT
 from specwise.errors import ConfigError
 
@@ -40,7 +40,7 @@ def parse_arms(texts: list[str]) -> dict[str, str]:
 
 
 def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign, model: str | None,
-                        output: str) -> dict:
+                        output: str, options: FitOptions | None = None) -> dict:
     """Run the sweep, fit each endpoint, write and return the profile; ConfigError when it cannot fit."""
     urls = {PLAIN: endpoint} | arms
     for name, url in urls.items():
@@ -52,8 +52,8 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
                                  * len(targets))
         probes, waves = asyncio.run(run_sweep(targets, design, on_step=lambda: progress.advance(task)))
     elapsed = time.perf_counter() - started
-    fits = {name: _fit(name, [w for w in waves if w.endpoint == name], [p for p in probes if p.endpoint == name])
-            for name in urls}
+    fits = {name: _fit(name, [w for w in waves if w.endpoint == name], [p for p in probes if p.endpoint == name],
+                       options) for name in urls}
     served = targets[0].model or "model?"
     linear = fits[PLAIN].to_json()
     if arms:
@@ -69,12 +69,12 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     return profile
 
 
-def _fit(name: str, waves: list[Wave], probes: list[Probe]) -> Fit:
+def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions | None = None) -> Fit:
     samples = [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode]
     samples += [probe.sample for probe in probes if probe.sample]
     dropped = sum(1 for wave in waves if not wave.steps or wave.steps.decode is None)
     try:
-        result = fit(samples)
+        result = fit(samples, options)
     except ConfigError as error:
         raise ConfigError(f"endpoint {name}: {error}" + (f" ({dropped} waves gave no clean decode window)"
                                                         if dropped else "")) from None
@@ -95,7 +95,7 @@ def _wave_json(wave: Wave) -> dict:
            "errors": sum(1 for r in wave.records if r.error)}
     if steps and steps.decode:
         out |= {"decode_seconds": steps.decode.seconds, "tokens": steps.decode.tokens,
-                "kv_tokens": steps.decode.kv_tokens, "window_steps": steps.window_steps,
+                "kv_tokens": steps.decode.kv_tokens, "pairs": steps.decode.pairs, "window_steps": steps.window_steps,
                 "spread": round(steps.spread, 4)}
     return out
 
@@ -104,5 +104,5 @@ def _probe_json(probe: Probe) -> dict:
     out = {"endpoint": probe.endpoint, "prompt_tokens": probe.prompt_tokens,
            "errors": sum(1 for r in probe.records if r.error)}
     if probe.sample:
-        out |= {"ttft_seconds": probe.sample.seconds, "tokens": probe.sample.tokens}
+        out |= {"ttft_seconds": probe.sample.seconds, "tokens": probe.sample.tokens, "pairs": probe.sample.pairs}
     return out

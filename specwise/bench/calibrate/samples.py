@@ -17,12 +17,15 @@ transport jitter; only the two ends of each span do, so a window of N steps errs
 
 What a step computed, from each request's counters: rows = 1 + draft rows (drafted tokens per
 decode step of that request: its draft_tokens / (output - 1 - accepted); 0 without speculation),
-logits rows = rows, KV read = its prompt + the tokens it had made at the middle of the window.
-Worked example: 4 requests of 100-token prompts, no drafts, window from their 9th to their 29th
-chunk over 0.8 s: step 0.8 / 20 = 40 ms, 4 tokens, 4 x (100 + 19) = 476 KV tokens.
+logits rows = rows, cached = its prompt + the tokens it had made at the middle of the window, less
+the step's input token; the step's features are those of these sequences (engine/step_fit.py
+StepShape: tokens, KV tokens read, attention pairs). Worked example: 4 requests of 100-token prompts,
+no drafts, window from their 9th to their 29th chunk over 0.8 s: step 0.8 / 20 = 40 ms, 4 tokens,
+4 x (100 + 19 - 1) = 472 KV tokens, 4 x 119 = 476 attention pairs.
 
 Prefill steps are timed apart, by single requests sent one after another (`prefill_sample`): a
-TTFT is one step of the whole prompt with one logits row and no cached KV, plus the server's
+TTFT is one step of the whole prompt (n rows over no cache: n (n + 1) / 2 attention pairs) with one
+logits row, plus the server's
 request overhead (the HTTP round trip, tokenizing; fitted apart, engine/step_fit.py). A wave's own
 first tokens are no use for that: its requests reach the server a few milliseconds apart, and an
 engine starts a step with whichever have arrived.
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specwise.bench.results import RequestRecord
-from specwise.engine.step_fit import StepSample
+from specwise.engine.step_fit import StepSample, StepShape
 
 EDGE = 0.5                  # a chunk within half a step of t0 or t1 counts as inside the window
 MIN_WINDOW_STEPS = 3
@@ -63,15 +66,15 @@ def _decode(done: list[RequestRecord], drafts) -> tuple[StepSample | None, int, 
     first = [r.send_time + r.chunk_times[0] for r in done]
     last = [r.send_time + r.chunk_times[-1] for r in done]
     t0, t1 = max(first), min(last)
-    spans, steps, tokens, kv, estimates = 0.0, 0.0, 0.0, 0.0, []
+    spans, steps, rows_fed, cached, estimates = 0.0, 0.0, [], [], []
     for r in done:
         times = np.asarray(r.chunk_times) + r.send_time
         emitted, rows = _per_step(r, drafts, len(done))
         # tokens made up to each chunk: counted by the server, else the first 1 and then a step's worth each
         made = np.cumsum(r.chunk_tokens) if r.chunk_tokens else 1 + np.arange(len(times)) * emitted
-        tokens += rows
+        rows_fed.append(rows)
         # cached mid-window: all it has but the step's input token
-        kv += r.prompt_tokens + float(np.interp((t0 + t1) / 2, times, made)) - 1
+        cached.append(r.prompt_tokens + float(np.interp((t0 + t1) / 2, times, made)) - 1)
         gap = float(np.median(np.diff(times)))
         inside = np.flatnonzero((times >= t0 - EDGE * gap) & (times <= t1 + EDGE * gap))
         if len(inside) < 2:
@@ -88,7 +91,7 @@ def _decode(done: list[RequestRecord], drafts) -> tuple[StepSample | None, int, 
         return None, int(steps / max(len(done), 1)), 0.0
     seconds = spans / steps
     spread = float(np.std(estimates) / np.mean(estimates)) if len(estimates) > 1 else 0.0
-    return StepSample(tokens, kv, seconds), int(round(steps / len(estimates))), spread
+    return StepSample(StepShape.of(rows_fed, cached), seconds), int(round(steps / len(estimates))), spread
 
 
 def _per_step(r: RequestRecord, shared, batch_size: int) -> tuple[float, float]:
@@ -110,5 +113,6 @@ def prefill_sample(records: list[RequestRecord]) -> StepSample | None:
     done = [r for r in records if not r.error and r.ttft is not None]
     if not done:
         return None
-    return StepSample(float(np.median([r.prompt_tokens for r in done])), 0.0, float(np.median([r.ttft for r in done])),
+    prompt = float(np.median([r.prompt_tokens for r in done]))
+    return StepSample(StepShape.of(prompt, 0.0), float(np.median([r.ttft for r in done])),
                       logits_rows=1.0, first_token=True)
