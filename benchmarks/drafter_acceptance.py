@@ -27,7 +27,7 @@ from specwise.models.loader import build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
 from specwise.train.acceptance import held_out_acceptance
 from specwise.train.data import build_corpus, data_key
-from specwise.train.eagle import EagleObjective, active_vocabulary
+from specwise.train.eagle import EagleObjective
 from specwise.train.eagle3 import Eagle3Objective
 from specwise.train.medusa import MedusaObjective
 

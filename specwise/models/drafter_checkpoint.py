@@ -106,7 +106,7 @@ def read_drafter_config(directory: str | Path) -> DrafterConfig:
     if not directory.is_dir():
         raise ModelLoadError(directory, "no such drafter directory")
     if not path.is_file():
-        raise ModelLoadError(path, f"missing: not a drafter directory (train one with specwise train-drafter)")
+        raise ModelLoadError(path, "missing: not a drafter directory (train one with specwise train-drafter)")
     try:
         raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -10,8 +10,6 @@ is left, as the engine's does near max_tokens. The figures are SpecStats', the o
 mean acceptance length = 1 + accepted / drafts, per-position acceptance = accepted at i / drafts.
 """
 
-import torch
-
 from specwise.engine.sampling.rejection import greedy_accept
 from specwise.engine.spec_decode.metrics import SpecStats
 from specwise.train.batch import Objective, make_batch

@@ -24,7 +24,7 @@ chunks over a scratch KV cache, as the engine computes them, in the engine's dty
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
