@@ -27,6 +27,7 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 CALIBRATE_BUDGET=${CALIBRATE_BUDGET:-180}
 CALIBRATE_ARGS=${CALIBRATE_ARGS:-}
 CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated: the second shows the machine's drift
+# CALIBRATE_ARGS_<n>: sweep n's own calibrate flags in place of CALIBRATE_ARGS (two designs, one machine state)
 OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
 VLLM_ARGS="--enforce-eager --max-model-len 2048 --dtype bfloat16 --no-enable-prefix-caching"
@@ -73,11 +74,12 @@ start off 0 "$PORT_OFF"
 start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
 wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
 for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the machine moves between two
-  log "calibration $n (load $(cat /proc/loadavg))"
+  args_var=CALIBRATE_ARGS_$n
+  log "calibration $n ${!args_var:-$CALIBRATE_ARGS} (load $(cat /proc/loadavg))"
   # shellcheck disable=SC2086
   "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" \
     --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" --budget "$CALIBRATE_BUDGET" \
-    --output "$OUT/profile-$n.json" $CALIBRATE_ARGS 2>&1 | tee "$OUT/calibrate-$n.txt"
+    --output "$OUT/profile-$n.json" ${!args_var:-$CALIBRATE_ARGS} 2>&1 | tee "$OUT/calibrate-$n.txt"
 done
 log "calibrated (load $(cat /proc/loadavg))"
 

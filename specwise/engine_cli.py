@@ -12,6 +12,7 @@ from rich.progress import Progress
 
 from specwise.bench.calibrate.command import calibrate_endpoints, parse_arms
 from specwise.bench.calibrate.sweep import SweepDesign
+from specwise.bench.inputs.suite import CATEGORIES, parse_categories
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
 from specwise.engine.step_fit import FitOptions, StepSample, StepShape, fit, grid_samples
@@ -96,7 +97,8 @@ def register_calibrate(subparsers) -> None:
     endpoint.add_argument("--prefill-repeats", type=int, default=3, help="single requests per prefill length "
                                                                         "(median kept)")
     endpoint.add_argument("--budget", type=float, default=180.0, help="seconds for the whole sweep, warm-up included")
-    endpoint.add_argument("--category", default="chat", help="suite category the prompts are cut from")
+    endpoint.add_argument("--categories", default="all",
+                          help="suite categories the prompts are cut from, in turn within each wave (comma-separated)")
     parser.add_argument("--batch-sizes", default=None,
                         help=f"comma-separated (default: {OWN_BATCH_SIZES}; with --endpoint {ENDPOINT_BATCH_SIZES})")
     parser.add_argument("--tokens-per-seq", default="1,2,3,5,9", help="1 + k values, comma-separated")
@@ -166,7 +168,8 @@ def timed_prefill_sample(total: int, seconds: float, prompt_len: int) -> StepSam
 def run_endpoint_calibrate(args) -> int:
     design = SweepDesign(batch_sizes=parse_int_list(args.batch_sizes or ENDPOINT_BATCH_SIZES, "--batch-sizes"),
                          prompt_tokens=parse_int_list(args.prompt_tokens, "--prompt-tokens"),
-                         output_tokens=args.output_tokens, budget_s=args.budget, category=args.category,
+                         output_tokens=args.output_tokens, budget_s=args.budget,
+                         categories=parse_categories(args.categories) or list(CATEGORIES),
                          prefill_tokens=parse_int_list(args.prefill_lens, "--prefill-lens"),
                          prefill_repeats=args.prefill_repeats)
     model = getattr(args, "model", None)              # EngineConfig's flag, absent from the namespace when not given

@@ -17,12 +17,12 @@ import pytest
 
 from specwise.bench.calibrate.command import _fit, parse_arms
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
-from specwise.bench.calibrate.sweep import SweepDesign, Wave
+from specwise.bench.calibrate.sweep import SweepDesign, Wave, _requests
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
 from specwise.engine.step_fit import LinearStepCost, StepSample, StepShape
 from specwise.engine.step_profile import load_step_cost
-from specwise.errors import ConfigError
+from specwise.errors import ConfigError, InputError
 
 FAKE = Path(__file__).parent / "fake_engine.py"
 # the fake engine's step: 20 ms + 0.5 ms a row + 40 us a cached token read + 2 ms a sampled row
@@ -135,6 +135,20 @@ def test_bad_arms_and_designs_are_refused():
         SweepDesign(output_tokens=4)
     assert SweepDesign(batch_sizes=[4, 1], prompt_tokens=[100, 10], output_tokens=10).waves() == [
         (1, 10), (4, 10), (1, 100), (4, 100)]
+    with pytest.raises(InputError, match="unknown suite category"):
+        SweepDesign(categories=["poetry"])
+
+
+def test_a_wave_cuts_its_prompts_from_the_categories_in_turn():
+    design = SweepDesign(categories=["code_editing", "chat", "translation"], output_tokens=8)
+    wave = _requests(design, 7, 64, 8, "b7", turn=1)
+    assert [r.category for r in wave] == ["chat", "translation", "code_editing", "chat", "translation",
+                                         "code_editing", "chat"]
+    assert [r.extra["category_text"] for r in wave] == [r.category for r in wave]
+    assert len({r.prompt for r in wave}) == 7                  # the same category's windows differ
+    assert all(r.ignore_eos and r.max_tokens == 8 and r.prompt_tokens == 64 for r in wave)
+    assert "def " in "".join(r.prompt for r in wave if r.category == "code_editing")
+    assert [r.category for r in _requests(design, 1, 64, 1, "p", turn=2)] == ["translation"]
 
 
 def record(index: int, send: float, ttft: float, gap: float, chunks: int, prompt: int = 100, **counters):

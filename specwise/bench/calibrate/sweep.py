@@ -3,8 +3,8 @@ fitted to the step-cost model the simulator reads (engine/step_fit.py).
 
 The design: first, for each prefill length, `prefill_repeats` single requests of one output
 token, one after another: a prefill step each (its TTFT). Then, for each prompt length and each
-batch size, one wave of `batch_size` requests sent together, prompts of that length (cut from a
-suite category's text, bench/inputs/synthetic.py), outputs forced to `output_tokens` (ignore_eos
+batch size, one wave of `batch_size` requests sent together, prompts of that length (cut from the
+suite categories' texts in turn, bench/inputs/synthetic.py), outputs forced to `output_tokens` (ignore_eos
 with min_tokens = max_tokens, as trace replay sends them): a decode step at that batch size and
 context (calibrate/samples.py). Waves run from the cheapest to the dearest, the endpoints'
 alternating, so a time budget cuts the largest shapes of every endpoint alike; a request still
@@ -14,6 +14,15 @@ Requests go through the evaluator's own HTTP target (bench/load/targets/http.py)
 (bench/load/measure.py), with continuous usage so each chunk knows its tokens. A speculating
 endpoint's drafts come from its responses (vLLM's `metrics.speculative_decoding`, our server's
 `specwise` counters), else from its Prometheus counters differenced around each wave.
+
+Why the categories take turns: a drafter's work per step depends on the text it drafts from (an
+n-gram proposer finds matches in copied text, drafts k tokens and stops searching; in prose it may
+search the whole context for nothing), and so does how many draft rows each step verifies. Waves
+cut from one category fit a speculating server's step to that text alone: calibrated on chat text,
+vLLM's n-gram server took 46 ms a step at batch 1 where the same server, evaluated on the suite's
+seven categories, took 41-43 ms (2026-12-05; the plain server 42.6 against 42.5 ms). Each wave's
+request i, and each prefill probe's repeat i, is cut from categories[(wave + i) % n], so every
+batch size and prompt length mixes the workload's kinds of text as evaluate's suite does.
 """
 
 import asyncio
@@ -23,6 +32,7 @@ from typing import Callable
 
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
 from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.inputs.suite import CATEGORIES, check_categories
 from specwise.bench.inputs.synthetic import synthesize_prompts
 from specwise.bench.load.measure import Slot, measure
 from specwise.bench.load.targets.http import HttpTarget
@@ -42,9 +52,10 @@ class SweepDesign:
     prefill_tokens: list[int] = field(default_factory=lambda: [32, 256, 1024])
     prefill_repeats: int = 3
     budget_s: float = 180.0
-    category: str = "chat"
+    categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
 
     def __post_init__(self):
+        self.categories = check_categories(self.categories)
         for name in ("batch_sizes", "prompt_tokens", "prefill_tokens"):
             values = getattr(self, name)
             if not values or min(values) < 1:
@@ -101,17 +112,18 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                     if time.perf_counter() >= deadline:
                         return probes, waves
                     records += await _send(target, _requests(design, 1, prompt_tokens, 1,
-                                                             f"prefill{repeat}-p{prompt_tokens}"), started, deadline)
+                                                             f"prefill{repeat}-p{prompt_tokens}", turn=repeat),
+                                           started, deadline)
                 probes.append(Probe(target.name, prompt_tokens, records, prefill_sample(records)))
                 if on_step:
                     on_step()
-        for batch_size, prompt_tokens in design.waves():
+        for turn, (batch_size, prompt_tokens) in enumerate(design.waves()):
             for target in targets:
                 if time.perf_counter() >= deadline:
                     return probes, waves
                 before = await target.server_acceptance()
                 requests = _requests(design, batch_size, prompt_tokens, design.output_tokens,
-                                     f"b{batch_size}-p{prompt_tokens}")
+                                     f"b{batch_size}-p{prompt_tokens}", turn)
                 records = await _send(target, requests, started, deadline)
                 wave = Wave(target.name, batch_size, prompt_tokens, records)
                 shared = _shared_drafts(before, await target.server_acceptance(), records)
@@ -126,10 +138,15 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
 
 
 def _requests(design: SweepDesign, batch_size: int, prompt_tokens: int, output_tokens: int,
-              tag: str) -> list[WorkloadRequest]:
-    shells = [WorkloadRequest(request_id=f"{tag}-{i}", category=design.category, max_tokens=output_tokens,
-                              prompt_tokens=prompt_tokens, ignore_eos=True) for i in range(batch_size)]
-    return synthesize_prompts(shells, design.category)
+              tag: str, turn: int = 0) -> list[WorkloadRequest]:
+    """batch_size requests, request i cut from categories[(turn + i) % n] (distinct windows within a
+    category: synthesize_prompts strides through its text)."""
+    names = design.categories
+    shells = [WorkloadRequest(request_id=f"{tag}-{i}", category=names[(turn + i) % len(names)],
+                              max_tokens=output_tokens, prompt_tokens=prompt_tokens, ignore_eos=True)
+              for i in range(batch_size)]
+    cut = {name: iter(synthesize_prompts([s for s in shells if s.category == name], name)) for name in names}
+    return [next(cut[shell.category]) for shell in shells]
 
 
 async def _send(target: HttpTarget, requests: list[WorkloadRequest], started: float,

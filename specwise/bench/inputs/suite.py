@@ -29,7 +29,7 @@ def load_suite(categories=None, per_category: int | None = None) -> list[Workloa
     Interleaving makes any prefix of the list cover every category, so a run bounded
     by request count still reports each category.
     """
-    names = _check_categories(categories)
+    names = check_categories(categories)
     groups = [_category_requests(name)[:per_category] for name in names]
     interleaved = []
     for index in range(max(len(group) for group in groups)):
@@ -39,7 +39,7 @@ def load_suite(categories=None, per_category: int | None = None) -> list[Workloa
 
 def category_text(category: str) -> str:
     """All text of a category's prompts, for synthesizing trace prompts of a given length."""
-    _check_categories([category])
+    check_categories([category])
     parts = []
     for request in _category_requests(category):
         if request.prompt:
@@ -52,10 +52,10 @@ def parse_categories(text: str | None) -> list[str] | None:
     """`"code_editing,chat"` -> the list; None or "" or "all" -> None (every category)."""
     if not text or text == "all":
         return None
-    return _check_categories([name.strip() for name in text.split(",") if name.strip()])
+    return check_categories([name.strip() for name in text.split(",") if name.strip()])
 
 
-def _check_categories(categories) -> list[str]:
+def check_categories(categories) -> list[str]:
     names = list(CATEGORIES if categories is None else categories)
     unknown = [name for name in names if name not in CATEGORIES]
     if unknown or not names:
