@@ -15,7 +15,13 @@ misses under the bound and hits under the default:
     (least recently used, cycled through);
   - the settings alternate, child by child, --rounds times (this machine's speed drifts: compare
     within a round), and the median step of the timed passes is printed per setting, with the
-    bound's extra milliseconds a step and its ratio to the default's.
+    bound's extra milliseconds a step and its ratio to the default's;
+  - then one more child per setting with ONEDNN_VERBOSE=all counts the primitives oneDNN built
+    (`create:cache_miss`) in the timed passes, per step: a count the machine's load cannot move.
+    (ideep's own cache prints nothing; its misses show in the timing only.)
+
+Time it on a quiet machine: with two busy servers beside it on 2 cores, the same child's step
+took 0.22 s or 1.4 s from one run to the next (OpenMP threads waiting on descheduled ones).
 
     python benchmarks/kernel_cache_cost.py                          # 128 against 1024, 48 token counts
     python benchmarks/kernel_cache_cost.py --entries 16,128,1024 --dtype float32
@@ -31,6 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PASS_MARK = "kernel_cache_cost pass"
 sys.path.insert(0, str(ROOT))
 
 from specwise.models.kernel_caches import CACHE_VARIABLES  # noqa: E402
@@ -63,7 +70,8 @@ def child(args) -> None:
     if lengths[-1] > len(vocab_ids):
         raise SystemExit(f"token counts up to {lengths[-1]} need a longer text than {len(vocab_ids)} tokens")
     passes = []
-    for _ in range(args.passes):
+    for index in range(args.passes):
+        print(f"{PASS_MARK} {index}", flush=True)           # splits ONEDNN_VERBOSE's lines by pass
         seconds = []
         for length in lengths:
             started = time.perf_counter()
@@ -73,15 +81,27 @@ def child(args) -> None:
     print(json.dumps({"lengths": lengths, "passes": passes}))
 
 
-def run_child(args, entries: int) -> dict:
+def run_child(args, entries: int, verbose: bool = False) -> dict:
+    """The child's result; with verbose, "misses": oneDNN primitives built in each pass."""
     env = dict(os.environ, **{name: str(entries) for name in CACHE_VARIABLES})
+    if verbose:
+        env["ONEDNN_VERBOSE"] = "all"
     command = [sys.executable, __file__, "--child", str(entries), "--lengths", str(args.lengths),
                "--first-length", str(args.first_length), "--stride", str(args.stride),
                "--passes", str(args.passes), "--dtype", args.dtype]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"child with {entries} entries failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    if verbose:
+        result["misses"] = []
+        for line in lines:
+            if line.startswith(PASS_MARK):
+                result["misses"].append(0)
+            elif "create:cache_miss" in line and result["misses"]:
+                result["misses"][-1] += 1
+    return result
 
 
 def main(argv=None) -> int:
@@ -113,6 +133,11 @@ def main(argv=None) -> int:
         print(f"  {entries:5d} entries: {statistics.median(steps) * 1e3:8.2f} ms a step, "
               f"{statistics.median(extra):+7.2f} ms ({statistics.median(ratios):.3f}x; rounds "
               f"{', '.join(f'{r:.3f}' for r in ratios)})")
+    print("\noneDNN primitives built (ONEDNN_VERBOSE=all), per step of the timed passes:")
+    for entries in settings:
+        misses = run_child(args, entries, verbose=True)["misses"]
+        print(f"  {entries:5d} entries: {sum(misses[1:]) / (len(misses[1:]) * args.lengths):.1f} "
+              f"(first pass: {misses[0] / args.lengths:.1f})")
     return 0
 
 
