@@ -149,6 +149,8 @@ def test_a_wave_cuts_its_prompts_from_the_categories_in_turn():
     assert all(r.ignore_eos and r.max_tokens == 8 and r.prompt_tokens == 64 for r in wave)
     assert "def " in "".join(r.prompt for r in wave if r.category == "code_editing")
     assert [r.category for r in _requests(design, 1, 64, 1, "p", turn=2)] == ["translation"]
+    probe = _requests(design, 3, 256, 1, "p", turn=4, one_category=True)    # a prefill probe's repeats
+    assert [r.category for r in probe] == ["chat"] * 3 and len({r.prompt for r in probe}) == 3
 
 
 def record(index: int, send: float, ttft: float, gap: float, chunks: int, prompt: int = 100, **counters):

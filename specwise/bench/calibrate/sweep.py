@@ -21,8 +21,12 @@ search the whole context for nothing), and so does how many draft rows each step
 cut from one category fit a speculating server's step to that text alone: calibrated on chat text,
 vLLM's n-gram server took 46 ms a step at batch 1 where the same server, evaluated on the suite's
 seven categories, took 41-43 ms (2026-12-05; the plain server 42.6 against 42.5 ms). Each wave's
-request i, and each prefill probe's repeat i, is cut from categories[(wave + i) % n], so every
-batch size and prompt length mixes the workload's kinds of text as evaluate's suite does.
+request i is cut from categories[(wave + i) % n], so every batch size and prompt length mixes the
+workload's kinds of text as evaluate's suite does. A prefill probe's repeats come from one category
+(the probe's turn), distinct windows of it: a prefill costs by its token count, not its text, and
+prompts cut by characters from different categories hold different token counts (256 tokens' worth
+of characters came back as 229 tokens of chat text, and as 254, the median, from three categories),
+which a median over three repeats would mix.
 """
 
 import asyncio
@@ -105,15 +109,15 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
         for target in targets:
             await _send(target, _requests(design, 1, min(design.prompt_tokens), WARMUP_TOKENS, "warmup"),
                         started, deadline)
-        for prompt_tokens in design.prefill_tokens:
+        for turn, prompt_tokens in enumerate(design.prefill_tokens):
+            singles = _requests(design, design.prefill_repeats, prompt_tokens, 1, f"prefill-p{prompt_tokens}",
+                                turn, one_category=True)
             for target in targets:
                 records = []
-                for repeat in range(design.prefill_repeats):
+                for single in singles:
                     if time.perf_counter() >= deadline:
                         return probes, waves
-                    records += await _send(target, _requests(design, 1, prompt_tokens, 1,
-                                                             f"prefill{repeat}-p{prompt_tokens}", turn=repeat),
-                                           started, deadline)
+                    records += await _send(target, [single], started, deadline)
                 probes.append(Probe(target.name, prompt_tokens, records, prefill_sample(records)))
                 if on_step:
                     on_step()
@@ -138,13 +142,13 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
 
 
 def _requests(design: SweepDesign, batch_size: int, prompt_tokens: int, output_tokens: int,
-              tag: str, turn: int = 0) -> list[WorkloadRequest]:
-    """batch_size requests, request i cut from categories[(turn + i) % n] (distinct windows within a
-    category: synthesize_prompts strides through its text)."""
+              tag: str, turn: int = 0, one_category: bool = False) -> list[WorkloadRequest]:
+    """batch_size requests, request i cut from categories[(turn + i) % n], or all from categories[turn % n]
+    with one_category (distinct windows within a category: synthesize_prompts strides through its text)."""
     names = design.categories
-    shells = [WorkloadRequest(request_id=f"{tag}-{i}", category=names[(turn + i) % len(names)],
-                              max_tokens=output_tokens, prompt_tokens=prompt_tokens, ignore_eos=True)
-              for i in range(batch_size)]
+    pick = (lambda i: names[turn % len(names)]) if one_category else (lambda i: names[(turn + i) % len(names)])
+    shells = [WorkloadRequest(request_id=f"{tag}-{i}", category=pick(i), max_tokens=output_tokens,
+                              prompt_tokens=prompt_tokens, ignore_eos=True) for i in range(batch_size)]
     cut = {name: iter(synthesize_prompts([s for s in shells if s.category == name], name)) for name in names}
     return [next(cut[shell.category]) for shell in shells]
 
