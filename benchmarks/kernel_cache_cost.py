@@ -53,7 +53,7 @@ def parse_args(argv=None):
     parser.add_argument("--passes", type=int, default=3, help="passes over the token counts (the first untimed)")
     parser.add_argument("--rounds", type=int, default=3, help="children per setting, alternating")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -86,7 +86,7 @@ def run_child(args, entries: int, verbose: bool = False) -> dict:
     env = dict(os.environ, **{name: str(entries) for name in CACHE_VARIABLES})
     if verbose:
         env["ONEDNN_VERBOSE"] = "all"
-    command = [sys.executable, __file__, "--child", str(entries), "--lengths", str(args.lengths),
+    command = [sys.executable, __file__, "--child", "--lengths", str(args.lengths),
                "--first-length", str(args.first_length), "--stride", str(args.stride),
                "--passes", str(args.passes), "--dtype", args.dtype]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=1800)
@@ -106,7 +106,7 @@ def run_child(args, entries: int, verbose: bool = False) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.child is not None:
+    if args.child:
         child(args)
         return 0
     if args.passes < 2:

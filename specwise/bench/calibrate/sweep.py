@@ -146,10 +146,12 @@ def _requests(design: SweepDesign, batch_size: int, prompt_tokens: int, output_t
     """batch_size requests, request i cut from categories[(turn + i) % n], or all from categories[turn % n]
     with one_category (distinct windows within a category: synthesize_prompts strides through its text)."""
     names = design.categories
-    pick = (lambda i: names[turn % len(names)]) if one_category else (lambda i: names[(turn + i) % len(names)])
-    shells = [WorkloadRequest(request_id=f"{tag}-{i}", category=pick(i), max_tokens=output_tokens,
-                              prompt_tokens=prompt_tokens, ignore_eos=True) for i in range(batch_size)]
-    cut = {name: iter(synthesize_prompts([s for s in shells if s.category == name], name)) for name in names}
+    shells = [WorkloadRequest(request_id=f"{tag}-{i}", max_tokens=output_tokens, prompt_tokens=prompt_tokens,
+                              category=names[(turn + (0 if one_category else i)) % len(names)], ignore_eos=True)
+              for i in range(batch_size)]
+    # each category's shells cut together (their windows stride apart), then put back in order
+    cut = {name: iter(synthesize_prompts([s for s in shells if s.category == name], name))
+           for name in {shell.category for shell in shells}}
     return [next(cut[shell.category]) for shell in shells]
 
 
