@@ -10,7 +10,7 @@ import time
 import numpy as np
 from rich.progress import Progress
 
-from specwise.bench.calibrate.command import calibrate_endpoints, parse_arms
+from specwise.bench.calibrate.command import calibrate_endpoints, parse_arms, refit
 from specwise.bench.calibrate.sweep import SweepDesign
 from specwise.bench.inputs.suite import CATEGORIES, parse_categories
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
@@ -99,6 +99,12 @@ def register_calibrate(subparsers) -> None:
     endpoint.add_argument("--budget", type=float, default=180.0, help="seconds for the whole sweep, warm-up included")
     endpoint.add_argument("--categories", default="all",
                           help="suite categories the prompts are cut from, in turn within each wave (comma-separated)")
+    endpoint.add_argument("--refit", metavar="PROFILE",
+                          help="fit a recorded sweep again (a profile calibrate --endpoint wrote, with the requests "
+                               "it kept beside it), no server needed; writes --output")
+    endpoint.add_argument("--window-seed", type=int, default=None,
+                          help="where in the categories' texts the prompts start (default: a fresh place each "
+                               "sweep, as real traffic's prompts are new to the server)")
     parser.add_argument("--batch-sizes", default=None,
                         help=f"comma-separated (default: {OWN_BATCH_SIZES}; with --endpoint {ENDPOINT_BATCH_SIZES})")
     parser.add_argument("--tokens-per-seq", default="1,2,3,5,9", help="1 + k values, comma-separated")
@@ -113,6 +119,9 @@ def register_calibrate(subparsers) -> None:
 
 
 def run_calibrate(args) -> int:
+    if args.refit:
+        refit(args.refit, args.output, dataclass_from_args(FitOptions, args))
+        return 0
     if args.endpoint:
         return run_endpoint_calibrate(args)
     if args.speculative_arm:
@@ -171,7 +180,7 @@ def run_endpoint_calibrate(args) -> int:
                          output_tokens=args.output_tokens, budget_s=args.budget,
                          categories=parse_categories(args.categories) or list(CATEGORIES),
                          prefill_tokens=parse_int_list(args.prefill_lens, "--prefill-lens"),
-                         prefill_repeats=args.prefill_repeats)
+                         prefill_repeats=args.prefill_repeats, window_seed=args.window_seed)
     model = getattr(args, "model", None)              # EngineConfig's flag, absent from the namespace when not given
     calibrate_endpoints(args.endpoint, parse_arms(args.speculative_arm), design, model, args.output,
                         dataclass_from_args(FitOptions, args))

@@ -17,7 +17,7 @@ import pytest
 
 from specwise.bench.calibrate.command import _fit, parse_arms
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
-from specwise.bench.calibrate.sweep import SweepDesign, Wave, _requests
+from specwise.bench.calibrate.sweep import MAX_WINDOW_SEED, SweepDesign, Wave, _Windows
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
 from specwise.engine.step_fit import LinearStepCost, StepSample, StepShape
@@ -140,17 +140,35 @@ def test_bad_arms_and_designs_are_refused():
 
 
 def test_a_wave_cuts_its_prompts_from_the_categories_in_turn():
-    design = SweepDesign(categories=["code_editing", "chat", "translation"], output_tokens=8)
-    wave = _requests(design, 7, 64, 8, "b7", turn=1)
+    design = SweepDesign(categories=["code_editing", "chat", "translation"], output_tokens=8, window_seed=0)
+    windows = _Windows(design)
+    wave = windows.requests(7, 64, 8, "b7", turn=1)
     assert [r.category for r in wave] == ["chat", "translation", "code_editing", "chat", "translation",
                                          "code_editing", "chat"]
     assert [r.extra["category_text"] for r in wave] == [r.category for r in wave]
     assert len({r.prompt for r in wave}) == 7                  # the same category's windows differ
     assert all(r.ignore_eos and r.max_tokens == 8 and r.prompt_tokens == 64 for r in wave)
     assert "def " in "".join(r.prompt for r in wave if r.category == "code_editing")
-    assert [r.category for r in _requests(design, 1, 64, 1, "p", turn=2)] == ["translation"]
-    probe = _requests(design, 3, 256, 1, "p", turn=4, one_category=True)    # a prefill probe's repeats
+    assert [r.category for r in windows.requests(1, 64, 1, "p", turn=2)] == ["translation"]
+    probe = windows.requests(3, 256, 1, "p", turn=4, one_category=True)    # a prefill probe's repeats
     assert [r.category for r in probe] == ["chat"] * 3 and len({r.prompt for r in probe}) == 3
+
+
+def test_no_two_requests_of_a_sweep_start_alike_and_each_sweep_starts_afresh():
+    """A server runs a prompt it has seen (a token count, a prefix) faster than real traffic's new ones."""
+    def sweep(seed):
+        windows = _Windows(SweepDesign(categories=["chat", "code_editing"], window_seed=seed))
+        prompts = [r.prompt for r in windows.requests(3, 256, 1, "p", one_category=True)]
+        for batch_size in (1, 4, 16):
+            prompts += [r.prompt for r in windows.requests(batch_size, 32, 8, "b")]
+        return prompts
+    first = sweep(0)
+    assert len(set(first)) == len(first) == 24
+    assert sweep(0) == first                                  # a seed repeats its sweep
+    assert not set(sweep(100)) & set(first)                    # another seed, other windows
+    assert all(0 <= SweepDesign().window_seed < MAX_WINDOW_SEED for _ in range(3))   # drawn when not given
+    with pytest.raises(ConfigError, match="--window-seed"):
+        SweepDesign(window_seed=-1)
 
 
 def record(index: int, send: float, ttft: float, gap: float, chunks: int, prompt: int = 100, **counters):
@@ -204,3 +222,20 @@ def test_merged_chunks_count_their_tokens():
     """A plain server that fell behind sent two steps' tokens in one chunk: steps are counted as tokens."""
     records = [record(i, 0.0, 0.1, 0.08, 15, output=29, chunk_tokens=[1] + [2] * 14) for i in range(2)]
     assert wave_steps(records, 2).decode.seconds == pytest.approx(0.04)
+
+
+def test_a_recorded_sweep_is_refitted_without_a_server(servers, tmp_path, capsys):
+    """The sweep's requests are kept beside the profile; --refit fits them again, to the same figures
+    (and with --fit-attention-pairs, to that model), and refuses a file that is not such a profile."""
+    path, again = tmp_path / "profile.json", tmp_path / "again.json"
+    assert main(["calibrate", "--endpoint", servers[0], "--speculative-arm", f"ngram={servers[1]}", "--batch-sizes",
+                 "1,4", "--prompt-tokens", "16,128", "--output-tokens", "12", "--prefill-lens", "16,256",
+                 "--prefill-repeats", "1", "--output", str(path)]) == 0
+    assert (tmp_path / "profile.requests.jsonl").exists()
+    assert main(["calibrate", "--refit", str(path), "--output", str(again)]) == 0
+    recorded, refitted = (json.loads(p.read_text())["linear"] for p in (path, again))
+    assert refitted.pop("drafting")["ngram"] == pytest.approx(recorded.pop("drafting")["ngram"])
+    assert refitted == pytest.approx(recorded)
+    assert "refitted from" in capsys.readouterr().out
+    assert main(["calibrate", "--refit", str(tmp_path / "profile.requests.jsonl"), "--output", str(again)]) == 2
+    assert "not a profile written by calibrate --endpoint" in capsys.readouterr().err

@@ -75,6 +75,11 @@ def read_records(results_dir: Path) -> list[RequestRecord]:
     path = Path(results_dir) / "requests.jsonl"
     if not path.exists():
         raise InputError(f"{path}: no such file; is {results_dir} a specwise results directory?")
+    return read_records_file(path)
+
+
+def read_records_file(path: Path) -> list[RequestRecord]:
+    """Records, one JSON object a line; a half-written last line is ignored."""
     names = {f.name for f in dataclasses.fields(RequestRecord)}
     records = []
     lines = path.read_text(encoding="utf-8").splitlines()

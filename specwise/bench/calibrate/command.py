@@ -6,21 +6,27 @@ as own-engine `calibrate` (engine/step_fit.py). The profile holds the plain endp
 format `specwise calibrate` writes for our engine (engine/step_profile.py): `simulate`, `calc`
 and the recommendation read it. The residuals are printed per step; a sweep too short to fit,
 or one whose fit misses its own steps by more than MAX_MEDIAN_RESIDUAL, is refused in one line.
+
+Every request the sweep sent is kept beside the profile (profile.requests.jsonl, the evaluator's
+record format), so that `calibrate --refit PROFILE` fits the same sweep again (with
+--fit-attention-pairs, say) without a server.
 """
 
 import asyncio
 import json
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 from rich.progress import Progress
 
-from specwise.bench.calibrate.sweep import Probe, SweepDesign, Wave, run_sweep
+from specwise.bench.calibrate.sweep import Probe, SweepDesign, Wave, regroup, run_sweep, wave_tag
 from specwise.bench.load.targets.http import HttpTarget, check_endpoint
+from specwise.bench.results import read_records_file
 from specwise.engine.step_fit import Fit, FitOptions, fit
 from specwise.engine.step_profile import PROFILE_FORMAT
-from specwise.errors import ConfigError
+from specwise.errors import ConfigError, InputError
 
 MAX_MEDIAN_RESIDUAL = 0.10     # a fit that misses its own steps by more (median) is noise, not a profile
 PLAIN = "off"
@@ -52,20 +58,45 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
                                  * len(targets))
         probes, waves = asyncio.run(run_sweep(targets, design, on_step=lambda: progress.advance(task)))
     elapsed = time.perf_counter() - started
+    requests = Path(output).with_suffix(".requests.jsonl")
+    # kept before the fit: a sweep that does not fit can be looked at, and refitted
+    requests.write_text("".join(r.to_json() + "\n" for item in probes + waves for r in item.records),
+                        encoding="utf-8")
+    calibration = {"endpoints": urls, "design": asdict(design), "seconds": round(elapsed, 1),
+                   "requests": requests.name}
+    return _write_profile(urls, probes, waves, calibration, targets[0].model or "model?", output, options)
+
+
+def refit(profile_path: str, output: str, options: FitOptions | None = None) -> dict:
+    """Fit a recorded sweep again (its profile and the requests kept beside it), write the profile to output."""
+    try:
+        profile = json.loads(Path(profile_path).read_text(encoding="utf-8"))
+        calibration = profile["calibration"]
+        urls, requests = calibration["endpoints"], Path(profile_path).parent / calibration["requests"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(f"{profile_path}: not a profile written by calibrate --endpoint (with its requests kept)")
+    shared = {(w["endpoint"], wave_tag(w["batch_size"], w["prompt_tokens"])): tuple(w["shared_drafts"])
+              for w in calibration.get("waves", []) if w.get("shared_drafts")}
+    probes, waves = regroup(read_records_file(requests), shared)
+    calibration = calibration | {"refitted_from": str(profile_path), "requests": str(requests.resolve())}
+    return _write_profile(urls, probes, waves, calibration, profile.get("model", "model?"), output, options)
+
+
+def _write_profile(urls: dict[str, str], probes: list[Probe], waves: list[Wave], calibration: dict, model: str,
+                   output: str, options: FitOptions | None) -> dict:
     fits = {name: _fit(name, [w for w in waves if w.endpoint == name], [p for p in probes if p.endpoint == name],
                        options) for name in urls}
-    served = targets[0].model or "model?"
     linear = fits[PLAIN].to_json()
-    if arms:
-        linear["drafting"] = {method: fits[method].to_json() for method in arms}
-    profile = {"format": PROFILE_FORMAT, "version": 1, "machine": f"endpoint {endpoint}", "model": served,
+    if len(urls) > 1:
+        linear["drafting"] = {method: fits[method].to_json() for method in urls if method != PLAIN}
+    profile = {"format": PROFILE_FORMAT, "version": 1, "machine": f"endpoint {urls[PLAIN]}", "model": model,
                "linear": linear,
-               "calibration": {"endpoints": urls, "design": asdict(design), "seconds": round(elapsed, 1),
-                               "prefills": [_probe_json(probe) for probe in probes],
-                               "waves": [_wave_json(wave) for wave in waves]}}
+               "calibration": calibration | {"prefills": [_probe_json(probe) for probe in probes],
+                                             "waves": [_wave_json(wave) for wave in waves]}}
     with open(output, "w", encoding="utf-8") as stream:
         json.dump(profile, stream, indent=1)
-    print(f"wrote {output} (sweep {elapsed:.0f} s)")
+    print(f"wrote {output}" + (f" (sweep {calibration['seconds']:.0f} s)" if "refitted_from" not in calibration
+                               else f" (refitted from {calibration['refitted_from']})"))
     return profile
 
 
@@ -93,6 +124,8 @@ def _wave_json(wave: Wave) -> dict:
     steps = wave.steps
     out = {"endpoint": wave.endpoint, "batch_size": wave.batch_size, "prompt_tokens": wave.prompt_tokens,
            "errors": sum(1 for r in wave.records if r.error)}
+    if wave.shared_drafts:
+        out["shared_drafts"] = list(wave.shared_drafts)
     if steps and steps.decode:
         out |= {"decode_seconds": steps.decode.seconds, "tokens": steps.decode.tokens,
                 "kv_tokens": steps.decode.kv_tokens, "pairs": steps.decode.pairs, "window_steps": steps.window_steps,

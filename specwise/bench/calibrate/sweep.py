@@ -27,9 +27,20 @@ workload's kinds of text as evaluate's suite does. A prefill probe's repeats com
 prompts cut by characters from different categories hold different token counts (256 tokens' worth
 of characters came back as 229 tokens of chat text, and as 254, the median, from three categories),
 which a median over three repeats would mix.
+
+Why every request of a sweep gets a window of its own, from a fresh place each sweep
+(`window_seed`): a server that has run a prompt of exactly this token count before may run it
+faster (kernels and their plans are cached by shape), and one with prefix caching reuses a prompt
+that starts as an earlier one did, while real traffic's prompts and their counts are new. vLLM's
+prefill probes, measured twice on one server with the same windows (2026-12-05): 70, 126 and 606 ms
+at 38, 221 and 1,066 tokens the first time, 62, 113 and 503 ms the second; its decode waves
+within 4%. The evaluation that followed on fresh servers took 126 ms at its 58-475-token prompts
+one at a time: the first sweep's probes predicted its TTFT 6% high, the second's 7% low.
 """
 
 import asyncio
+import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -46,6 +57,7 @@ from specwise.engine.step_fit import StepSample
 from specwise.errors import ConfigError
 
 WARMUP_TOKENS = 8
+MAX_WINDOW_SEED = 1_000_000
 
 
 @dataclass
@@ -57,9 +69,14 @@ class SweepDesign:
     prefill_repeats: int = 3
     budget_s: float = 180.0
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
+    window_seed: int | None = None       # where the sweep's prompt windows start; None: a fresh place
 
     def __post_init__(self):
         self.categories = check_categories(self.categories)
+        if self.window_seed is None:
+            self.window_seed = random.randrange(MAX_WINDOW_SEED)
+        if not 0 <= self.window_seed < MAX_WINDOW_SEED:
+            raise ConfigError(f"calibrate --endpoint: --window-seed must be in 0..{MAX_WINDOW_SEED - 1}")
         for name in ("batch_sizes", "prompt_tokens", "prefill_tokens"):
             values = getattr(self, name)
             if not values or min(values) < 1:
@@ -85,6 +102,7 @@ class Wave:
     prompt_tokens: int
     records: list[RequestRecord]
     steps: WaveSteps | None = None
+    shared_drafts: tuple[float, float] | None = None    # (drafted, accepted) from the server's counters
 
 
 @dataclass
@@ -105,14 +123,15 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
     for target in targets:
         await target.start()
     probes, waves = [], []
+    windows = _Windows(design)
     try:
         for target in targets:
-            await _send(target, _requests(design, 1, min(design.prompt_tokens), WARMUP_TOKENS, "warmup"),
+            await _send(target, windows.requests(1, min(design.prompt_tokens), WARMUP_TOKENS, "warmup"),
                         started, deadline)
         for turn, prompt_tokens in enumerate(design.prefill_tokens):
-            singles = _requests(design, design.prefill_repeats, prompt_tokens, 1, f"prefill-p{prompt_tokens}",
-                                turn, one_category=True)
             for target in targets:
+                singles = windows.requests(design.prefill_repeats, prompt_tokens, 1, probe_tag(prompt_tokens),
+                                           turn, one_category=True)
                 records = []
                 for single in singles:
                     if time.perf_counter() >= deadline:
@@ -126,12 +145,12 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                 if time.perf_counter() >= deadline:
                     return probes, waves
                 before = await target.server_acceptance()
-                requests = _requests(design, batch_size, prompt_tokens, design.output_tokens,
-                                     f"b{batch_size}-p{prompt_tokens}", turn)
+                requests = windows.requests(batch_size, prompt_tokens, design.output_tokens,
+                                            wave_tag(batch_size, prompt_tokens), turn)
                 records = await _send(target, requests, started, deadline)
-                wave = Wave(target.name, batch_size, prompt_tokens, records)
                 shared = _shared_drafts(before, await target.server_acceptance(), records)
-                wave.steps = wave_steps(records, batch_size, shared)
+                wave = Wave(target.name, batch_size, prompt_tokens, records, wave_steps(records, batch_size, shared),
+                            shared)
                 waves.append(wave)
                 if on_step:
                     on_step()
@@ -141,18 +160,55 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
             await target.close()
 
 
-def _requests(design: SweepDesign, batch_size: int, prompt_tokens: int, output_tokens: int,
-              tag: str, turn: int = 0, one_category: bool = False) -> list[WorkloadRequest]:
-    """batch_size requests, request i cut from categories[(turn + i) % n], or all from categories[turn % n]
-    with one_category (distinct windows within a category: synthesize_prompts strides through its text)."""
-    names = design.categories
-    shells = [WorkloadRequest(request_id=f"{tag}-{i}", max_tokens=output_tokens, prompt_tokens=prompt_tokens,
-                              category=names[(turn + (0 if one_category else i)) % len(names)], ignore_eos=True)
-              for i in range(batch_size)]
-    # each category's shells cut together (their windows stride apart), then put back in order
-    cut = {name: iter(synthesize_prompts([s for s in shells if s.category == name], name))
-           for name in {shell.category for shell in shells}}
-    return [next(cut[shell.category]) for shell in shells]
+def probe_tag(prompt_tokens: int | str) -> str:
+    """A probe's requests are named TAG-i (their records keep the name; `regroup` reads it back, the tag
+    made of regular-expression groups)."""
+    return f"prefill-p{prompt_tokens}"
+
+
+def wave_tag(batch_size: int | str, prompt_tokens: int | str) -> str:
+    return f"b{batch_size}-p{prompt_tokens}"
+
+
+def regroup(records: list[RequestRecord], shared_drafts: dict[tuple[str, str], tuple[float, float]]
+            ) -> tuple[list[Probe], list[Wave]]:
+    """A recorded sweep's probes and waves again, from its requests' records in send order (`calibrate
+    --refit`). shared_drafts: (endpoint, wave tag) -> the server's (drafted, accepted) over that wave."""
+    groups: dict[tuple[str, str], list[RequestRecord]] = {}
+    for record in records:
+        groups.setdefault((record.arm, record.request_id.rsplit("-", 1)[0]), []).append(record)
+    probes, waves = [], []
+    for (endpoint, tag), group in groups.items():
+        if match := re.fullmatch(probe_tag(r"(\d+)"), tag):
+            probes.append(Probe(endpoint, int(match[1]), group, prefill_sample(group)))
+        elif match := re.fullmatch(wave_tag(r"(\d+)", r"(\d+)"), tag):
+            batch_size, drafts = int(match[1]), shared_drafts.get((endpoint, tag))
+            waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts),
+                              drafts))
+    return probes, waves
+
+
+class _Windows:
+    """The sweep's requests, each prompt from a window of its category's text no other request of the
+    sweep starts at (synthesize_prompts strides through the text from first_window)."""
+
+    def __init__(self, design: SweepDesign):
+        self.design, self.next_window = design, design.window_seed
+
+    def requests(self, batch_size: int, prompt_tokens: int, output_tokens: int, tag: str, turn: int = 0,
+                 one_category: bool = False) -> list[WorkloadRequest]:
+        """batch_size requests, request i cut from categories[(turn + i) % n], or all from
+        categories[turn % n] with one_category."""
+        names = self.design.categories
+        shells = [WorkloadRequest(request_id=f"{tag}-{i}", max_tokens=output_tokens, prompt_tokens=prompt_tokens,
+                                  category=names[(turn + (0 if one_category else i)) % len(names)], ignore_eos=True)
+                  for i in range(batch_size)]
+        # each category's shells cut together (their windows stride apart), then put back in order
+        cut = {name: iter(synthesize_prompts([s for s in shells if s.category == name], name,
+                                             first_window=self.next_window))
+               for name in {shell.category for shell in shells}}
+        self.next_window += batch_size
+        return [next(cut[shell.category]) for shell in shells]
 
 
 async def _send(target: HttpTarget, requests: list[WorkloadRequest], started: float,

@@ -26,11 +26,12 @@ class TextTokenizer(Protocol):
 
 def synthesize_prompts(requests: list[WorkloadRequest], category: str,
                        tokenizer: TextTokenizer | None = None,
-                       max_total_tokens: int | None = None) -> list[WorkloadRequest]:
+                       max_total_tokens: int | None = None, first_window: int = 0) -> list[WorkloadRequest]:
     """Fill in `prompt` for requests that only carry `prompt_tokens`.
 
     `max_total_tokens` (the target's context length) clips prompt and output so that
-    they fit; clipped requests are marked extra["clipped"] = True.
+    they fit; clipped requests are marked extra["clipped"] = True. Request i takes the text's
+    window first_window + i.
     """
     text = category_text(category)
     ids = tokenizer.encode(text, add_special_tokens=False) if tokenizer is not None else None
@@ -43,7 +44,7 @@ def synthesize_prompts(requests: list[WorkloadRequest], category: str,
         extra = dict(request.extra, category_text=category)
         if (prompt_len, output_len) != (request.prompt_tokens, request.max_tokens):
             extra["clipped"] = True
-        start = index * _STRIDE
+        start = (first_window + index) * _STRIDE
         if ids is not None:
             window = _cyclic(ids, start, prompt_len)
             extra["prompt_token_ids"] = window
