@@ -7,7 +7,8 @@ first token), two decode steps end at 20 and 30 ms; the second request is sent a
 10 ms, TPOT (30 - 10) / 2 = 10 ms, 6 tokens in 60 ms = 100 tok/s. ngram-k4: each request's own
 counters say its one draft was accepted (p = 1 at position 1, nothing beyond); after the prefill,
 max_tokens leaves room for 1 draft, accepted: 2 tokens in one step. TTFT 10 ms, TPOT 5 ms,
-6 tokens in 40 ms = 150 tok/s, acceptance 1.0.
+6 tokens in 40 ms = 150 tok/s, acceptance 1.0. The median step: measured, the gaps between each
+request's two chunks (24 and 22 ms off, 10 and 14 ms ngram-k4); predicted, 10 ms.
 """
 
 import json
@@ -58,8 +59,11 @@ def hand_errors() -> dict[str, dict[str, float]]:
         window = max(s + e for _, s, _, e in rows) - min(s for _, s, _, _ in rows)
         return ttft, tpot, 6 / window
     predicted = {"off": (0.010, 0.010, 100.0), "ngram-k4": (0.010, 0.005, 150.0)}
-    return {arm: dict(zip(("ttft", "tpot", "throughput"), (p / m - 1 for p, m in zip(predicted[arm], measured(arm)))))
-            for arm in predicted}
+    errors = {arm: dict(zip(("ttft", "tpot", "throughput"), (p / m - 1 for p, m in zip(predicted[arm], measured(arm)))))
+              for arm in predicted}
+    for arm in predicted:
+        errors[arm]["step"] = 0.010 / np.median([e - t for a, _, t, e in MEASURED if a == arm]) - 1
+    return errors
 
 
 def test_validate_prints_the_errors_computed_by_hand(tmp_path, capsys):
@@ -71,10 +75,11 @@ def test_validate_prints_the_errors_computed_by_hand(tmp_path, capsys):
     assert errors["off"]["ttft"] == pytest.approx(0.010 / 0.0115 - 1)        # -13.0%
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("off ", "ngram-k4 "))}
     for arm, by_metric in errors.items():
-        for key in ("ttft", "tpot", "throughput"):
+        for key in ("ttft", "tpot", "step", "throughput"):
             assert f"{by_metric[key]:+.1%}" in rows[arm].split(), (arm, key, rows[arm])
     assert "1.000" in rows["ngram-k4"].split() and "+0.0%" in rows["ngram-k4"].split()     # acceptance 1 and 1
-    for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("tok/s", "throughput")):
+    assert errors["off"]["step"] == pytest.approx(0.010 / 0.023 - 1)        # -56.5%
+    for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("step", "step"), ("tok/s", "throughput")):
         values = [abs(errors[arm][key]) for arm in errors]
         assert f"{name}: median |error| {np.median(values):.1%}, worst {max(values):.1%} over 2 points" in out
     assert "verdicts: 0 of 0 agree" in out            # 2 requests decide nothing

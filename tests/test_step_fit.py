@@ -185,4 +185,3 @@ def test_a_kv_token_that_costs_less_than_nothing_is_fitted_away():
     fixed, per_token = np.linalg.lstsq(design, np.ones(len(steps)), rcond=None)[0]
     assert (result.cost.fixed_s, result.cost.per_token_s) == pytest.approx((fixed, per_token))
     assert result.predicted == pytest.approx(fixed + per_token * np.array([s.tokens for s in steps]))
-

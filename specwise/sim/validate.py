@@ -12,8 +12,11 @@ its measured send time. The simulated records are placed at the measured
 round's start, so both sides go through the same metric code (bench/report/summary.py) and the
 same verdicts (bench/report/recommend.py).
 
-Printed per load point and arm: measured against predicted mean TTFT, mean TPOT, output
-throughput, acceptance rate, and the verdict; the error is predicted / measured - 1. Then per
+Printed per load point and arm: measured against predicted mean TTFT, mean TPOT, the median step
+(the median gap between a request's consecutive streamed chunks, pooled over the point's requests:
+a decode step, where each chunk is one, so that an error there is the step cost's and an error in
+TPOT beside a right step is the schedule's), output throughput, acceptance rate, and the verdict;
+the error is predicted / measured - 1. Then per
 metric the median and the worst absolute error over the points, and how many verdicts agree
 where the measurement decided one (not "can't tell").
 
@@ -46,7 +49,7 @@ from specwise.sim.records import write_results
 from specwise.sim.request_acceptance import from_record
 from specwise.sim.simulator import SimServerConfig
 
-METRICS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("tok/s", "throughput"), ("accept", "acceptance"))
+METRICS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("step", "step"), ("tok/s", "throughput"), ("accept", "acceptance"))
 REPLAYABLE = ("off", *MODEL_FREE, "lookahead")
 
 
@@ -242,8 +245,17 @@ def _compare(measured: list[RequestRecord], predicted: list[RequestRecord], run:
             continue
         key = (row.arm, row.load_kind, row.load_value)
         verdicts = tuple(c.get(key[:2], {}).get(row.load_value) for c in calls)
-        points.append(PointComparison(*key, _figures(real, *key), _figures(model, *key), verdicts))
+        points.append(PointComparison(*key, _figures(real, *key) | {"step": _median_step(measured, *key)},
+                                      _figures(model, *key) | {"step": _median_step(predicted, *key)}, verdicts))
     return points
+
+
+def _median_step(records: list[RequestRecord], arm: str, kind: str, value: float) -> float | None:
+    """The median gap between consecutive streamed chunks over the point's finished requests."""
+    gaps = [later - earlier for r in records
+            if (r.arm, r.load_kind, r.load_value) == (arm, kind, value) and not r.error and not r.warmup
+            for earlier, later in zip(r.chunk_times, r.chunk_times[1:])]
+    return statistics.median(gaps) if gaps else None
 
 
 def report(validation: Validation) -> str:
@@ -282,7 +294,7 @@ def write_predicted(out_dir, validation: Validation, run: dict) -> None:
 def _num(value, key: str) -> str:
     if value is None:
         return "-"
-    if key in ("ttft", "tpot"):
+    if key in ("ttft", "tpot", "step"):
         return f"{value * 1e3:.1f}ms"
     return f"{value:.3f}" if key == "acceptance" else f"{value:.1f}"
 
