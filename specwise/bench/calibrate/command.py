@@ -64,7 +64,9 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
                         encoding="utf-8")
     calibration = {"endpoints": urls, "design": asdict(design), "seconds": round(elapsed, 1),
                    "requests": requests.name}
-    return _write_profile(urls, probes, waves, calibration, targets[0].model or "model?", output, options)
+    profile = _write_profile(urls, probes, waves, calibration, targets[0].model or "model?", output, options)
+    print(f"wrote {output} (sweep {elapsed:.0f} s)")
+    return profile
 
 
 def refit(profile_path: str, output: str, options: FitOptions | None = None) -> dict:
@@ -79,7 +81,9 @@ def refit(profile_path: str, output: str, options: FitOptions | None = None) -> 
               for w in calibration.get("waves", []) if w.get("shared_drafts")}
     probes, waves = regroup(read_records_file(requests), shared)
     calibration = calibration | {"refitted_from": str(profile_path), "requests": str(requests.resolve())}
-    return _write_profile(urls, probes, waves, calibration, profile.get("model", "model?"), output, options)
+    refitted = _write_profile(urls, probes, waves, calibration, profile.get("model", "model?"), output, options)
+    print(f"wrote {output} (refitted from {profile_path})")
+    return refitted
 
 
 def _write_profile(urls: dict[str, str], probes: list[Probe], waves: list[Wave], calibration: dict, model: str,
@@ -95,8 +99,6 @@ def _write_profile(urls: dict[str, str], probes: list[Probe], waves: list[Wave],
                                              "waves": [_wave_json(wave) for wave in waves]}}
     with open(output, "w", encoding="utf-8") as stream:
         json.dump(profile, stream, indent=1)
-    print(f"wrote {output}" + (f" (sweep {calibration['seconds']:.0f} s)" if "refitted_from" not in calibration
-                               else f" (refitted from {calibration['refitted_from']})"))
     return profile
 
 
