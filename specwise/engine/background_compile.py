@@ -44,7 +44,8 @@ def note(message: str) -> None:
 
 
 class BackgroundCompile:
-    """state: "compiling", then "compiled" (the engine switched) or "failed" (`reason` says why), or "stopped"."""
+    """state: "compiling", then "compiled" (the engine switched, on_switched returned) or "failed" (`reason` says
+    why), or "stopped". Each is set last, so whoever reads it sees everything that stage does."""
 
     def __init__(self, async_engine: AsyncEngine, worker: list[str] | None = None,
                  on_switched: Callable[[], None] | None = None):
@@ -98,11 +99,11 @@ class BackgroundCompile:
             if not self.stopping.is_set():
                 self._fail(f"the compiled graphs did not load or run: {_first_line(error)}")
             return
-        self.state = "compiled"
         note(f"switched to compiled graphs after {time.monotonic() - self.started:.0f} s "
              f"(compiled in {compiled_s:.0f} s)")
         if self.on_switched is not None:
             self.on_switched()
+        self.state = "compiled"
 
     def _load(self) -> CompiledForward:
         """The packages loaded on this thread: nothing is run here (the step thread runs each once)."""
@@ -119,9 +120,10 @@ class BackgroundCompile:
         return f"the compile worker ended with {ending}" + (f": {last}" if last else "")
 
     def _fail(self, reason: str) -> None:
-        self.state, self.reason = "failed", reason
         self.async_engine.engine.thread_cap = None          # no compile left to share the cores with
         note(f"compiling failed ({reason}); serving eagerly")
+        self.reason = reason
+        self.state = "failed"
 
     def stop(self) -> None:
         """End the worker (its process group, by id) and wait for it; the engine keeps its current forward."""
