@@ -31,6 +31,7 @@ CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated:
 OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
 VLLM_ARGS="--enforce-eager --max-model-len 2048 --dtype bfloat16 --no-enable-prefix-caching"
+VLLM_TOKEN_BUDGET=2048     # vLLM for CPU 0.32's max_num_batched_tokens (its start-up log says it; no endpoint does)
 NGRAM_VLLM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 SERVE_ARGS=${SERVE_ARGS:-"--max-model-len 2048 --num-threads 1 --no-compile"}   # eager: no minutes of compiling
 mkdir -p "$OUT/servers"
@@ -62,7 +63,9 @@ wait_up() { for _ in $(seq 900); do curl -sf "http://127.0.0.1:$1/v1/models" > /
             echo "server on port $1 never answered" >&2; exit 1; }
 
 PORT_OFF=$(free_port); PORT_NGRAM=$(free_port)
+BUDGET_FLAGS=()     # the server's token budget, for calibrate: ours says it on /health, vLLM nowhere
 if [[ $ENGINE == vllm ]]; then
+  BUDGET_FLAGS=(--max-num-batched-tokens "$VLLM_TOKEN_BUDGET")
   NGRAM_FLAGS=(--speculative-config "$NGRAM_VLLM" --per-request-spec-decode-metrics summary)
 elif [[ $ENGINE == fake ]]; then
   NGRAM_FLAGS=(--speculative-config '{"num_speculative_tokens": 4}' --per-request-spec-decode-metrics summary)
@@ -79,7 +82,7 @@ for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the mach
   # shellcheck disable=SC2086
   "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" \
     --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" --budget "$CALIBRATE_BUDGET" \
-    --output "$OUT/profile-$n.json" ${!args_var:-$CALIBRATE_ARGS} 2>&1 | tee "$OUT/calibrate-$n.txt"
+    --output "$OUT/profile-$n.json" "${BUDGET_FLAGS[@]}" ${!args_var:-$CALIBRATE_ARGS} 2>&1 | tee "$OUT/calibrate-$n.txt"
 done
 log "calibrated (load $(cat /proc/loadavg))"
 
@@ -92,7 +95,7 @@ if [[ $ENGINE == vllm ]]; then
     2>&1 | tee "$OUT/evaluate.txt"
   # vLLM for CPU 0.32's defaults (its start-up log says them); 2 GiB of bf16 KV for SmolLM2-135M
   # (2 x 30 layers x 3 KV heads x 64 x 2 bytes = 23,040 bytes a token)
-  LIMITS=(--max-num-seqs 128 --max-num-batched-tokens 2048 --block-size 128 --kv-cache-tokens 93206)
+  LIMITS=(--max-num-seqs 128 --max-num-batched-tokens "$VLLM_TOKEN_BUDGET" --block-size 128 --kv-cache-tokens 93206)
 else
   log "evaluate the same servers as endpoints"
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" \

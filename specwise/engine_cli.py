@@ -84,7 +84,9 @@ def register_calibrate(subparsers) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_dataclass_args(parser, EngineConfig, exclude=("speculative", "num_speculative_tokens", "seed"))
     add_dataclass_args(parser, FitOptions)              # the step-cost fit, our engine's and --endpoint's alike
-    endpoint = parser.add_argument_group("a server instead of our engine (--endpoint): a designed sweep of waves")
+    endpoint = parser.add_argument_group(
+        "a server instead of our engine (--endpoint): a designed sweep of waves; --max-num-batched-tokens there "
+        "is the server's (a longer prefill probe counts as its chunks; default: what the server says, else none)")
     endpoint.add_argument("--endpoint", help="OpenAI-compatible server URL to calibrate (then --model names the "
                                              "served model; default: the server's first)")
     endpoint.add_argument("--speculative-arm", action="append", default=[], metavar="METHOD=URL",
@@ -120,7 +122,7 @@ def register_calibrate(subparsers) -> None:
 
 def run_calibrate(args) -> int:
     if args.refit:
-        refit(args.refit, args.output, dataclass_from_args(FitOptions, args))
+        refit(args.refit, args.output, dataclass_from_args(FitOptions, args), server_token_budget(args))
         return 0
     if args.endpoint:
         return run_endpoint_calibrate(args)
@@ -180,11 +182,18 @@ def run_endpoint_calibrate(args) -> int:
                          output_tokens=args.output_tokens, budget_s=args.budget,
                          categories=parse_categories(args.categories) or list(CATEGORIES),
                          prefill_tokens=parse_int_list(args.prefill_lens, "--prefill-lens"),
-                         prefill_repeats=args.prefill_repeats, window_seed=args.window_seed)
+                         prefill_repeats=args.prefill_repeats, window_seed=args.window_seed,
+                         max_num_batched_tokens=server_token_budget(args))
     model = getattr(args, "model", None)              # EngineConfig's flag, absent from the namespace when not given
     calibrate_endpoints(args.endpoint, parse_arms(args.speculative_arm), design, model, args.output,
                         dataclass_from_args(FitOptions, args))
     return 0
+
+
+def server_token_budget(args) -> int | None:
+    """--max-num-batched-tokens as the calibrated server's budget, where given (EngineConfig's flag, absent
+    from the namespace when not given)."""
+    return getattr(args, "max_num_batched_tokens", None)
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:

@@ -28,6 +28,8 @@ Behaviour from the environment:
                             linearly from one server start to the next, whichever arm starts
   FAKE_ENGINE_STEP_COST     "FIXED,PER_TOKEN,PER_KV[,PER_ROW]" seconds: a batching engine instead (Stepper below),
                             whose step time is that known function of the step's rows, KV tokens and sampled rows
+  FAKE_ENGINE_TOKEN_BUDGET  N: that engine prefills a longer prompt in chunks of N tokens, a step each (as
+                            vLLM and ours do within max_num_batched_tokens); it says N nowhere, as vLLM does not
 Prompts count 1 token per 4 characters; `stream_options.continuous_usage_stats` puts the running usage on
 every chunk, as vLLM does.
 """
@@ -123,21 +125,24 @@ def slowdown() -> float:
 
 class Stepper:
     """One step thread batches every running request, as a serving engine does: a request's first step
-    prefills its whole prompt (rows = prompt tokens, 1 sampled row), each later step decodes it with its k
+    prefills its whole prompt (rows = prompt tokens, 1 sampled row; with a token budget, its first steps a
+    chunk of at most that many tokens each, over the chunks before it as KV tokens, the last one sampling
+    1 row), each later step decodes it with its k
     drafts (1 + k rows, all sampled, over prompt + made - 1 cached tokens), emitting 1 + accepted tokens,
     accepted = its step % (k + 1). A step lasts fixed + per_token x rows + per_kv x KV tokens + per_row x
     sampled rows, paced against the clock: while busy each step starts at the previous one's deadline, so
     late wake-ups do not add up."""
 
-    def __init__(self, coefficients: list[float], k: int):
+    def __init__(self, coefficients: list[float], k: int, budget: int | None = None):
         self.fixed, self.per_token, self.per_kv = coefficients[:3]
+        self.budget = budget
         self.per_row = coefficients[3] if len(coefficients) > 3 else 0.0
         self.k, self.running, self.cond = k, [], threading.Condition()
         threading.Thread(target=self.loop, daemon=True).start()
 
     def submit(self, prompt_tokens: int, want: int) -> queue.Queue:
         """A queue that gets the tokens each step emits for this request, then None."""
-        request = {"prompt": prompt_tokens, "want": want, "made": 0, "steps": 0, "out": queue.Queue()}
+        request = {"prompt": prompt_tokens, "want": want, "made": 0, "steps": 0, "filled": 0, "out": queue.Queue()}
         with self.cond:
             self.running.append(request)
             self.cond.notify()
@@ -152,9 +157,12 @@ class Stepper:
                     self.cond.wait()
                 batch = list(self.running)
             rows = sampled = kv = 0
+            chunks = {}
             for r in batch:
                 if r["made"] == 0:
-                    rows, sampled = rows + r["prompt"], sampled + 1
+                    chunks[id(r)] = chunk = min(r["prompt"] - r["filled"], self.budget or r["prompt"])
+                    rows, kv = rows + chunk, kv + r["filled"]
+                    sampled += 1 if r["filled"] + chunk == r["prompt"] else 0
                 else:
                     rows, sampled, kv = rows + 1 + self.k, sampled + 1 + self.k, kv + r["prompt"] + r["made"] - 1
             start = end if busy else time.monotonic()
@@ -162,6 +170,10 @@ class Stepper:
             busy = True
             time.sleep(max(end - time.monotonic(), 0.0))
             for r in batch:
+                if id(r) in chunks:
+                    r["filled"] += chunks[id(r)]
+                    if r["filled"] < r["prompt"]:
+                        continue                    # more of its prompt to prefill: nothing to emit yet
                 accepted = min(r["steps"] % (self.k + 1), r["want"] - r["made"] - 1) if r["made"] and self.k else 0
                 r["steps"] += 1 if r["made"] else 0
                 r["made"] += 1 + accepted
@@ -179,7 +191,8 @@ def prompt_tokens(body: dict) -> int:
 
 def make_handler(model: str, k: int, per_request: bool, delay: float, sglang: bool = False):
     cost = ENV("FAKE_ENGINE_STEP_COST")
-    stepper = Stepper([float(value) for value in cost.split(",")], k) if cost else None
+    budget = int(ENV("FAKE_ENGINE_TOKEN_BUDGET", "0")) or None
+    stepper = Stepper([float(value) for value in cost.split(",")], k, budget) if cost else None
     crash_after = int(ENV("FAKE_ENGINE_CRASH_AFTER", "0"))
     crashes = crash_after and (k > 0 or ENV("FAKE_ENGINE_CRASH_SPEC") != "1")
 

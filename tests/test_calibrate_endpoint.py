@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from specwise.bench.calibrate.command import _fit, parse_arms
-from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
+from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, prompt_chunks, wave_steps
 from specwise.bench.calibrate.sweep import MAX_WINDOW_SEED, SweepDesign, Wave, _Windows
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
@@ -32,6 +32,7 @@ SWEEP = ["--batch-sizes", "1,2,4,8", "--prompt-tokens", "16,256", "--output-toke
 # Recovered within 5%: the chunks' arrival times carry the machine's scheduling jitter. On the shared
 # 2-core VM every coefficient came within 0.7% quiet and within 3.4% at load average 9.
 TOLERANCE = 0.05
+TOKEN_BUDGET = 256
 
 
 def free_port() -> int:
@@ -43,11 +44,23 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def servers():
     """A plain and a speculating (k = 3) fake engine with the known step time; ended by PID."""
-    env = dict(os.environ, FAKE_ENGINE_START_DELAY="0", FAKE_ENGINE_STEP_COST=f"{FIXED},{PER_TOKEN},{PER_KV},{PER_ROW}")
+    yield from fake_engines([[], ["--speculative-config", '{"num_speculative_tokens": 3}',
+                                  "--per-request-spec-decode-metrics", "summary"]])
+
+
+@pytest.fixture(scope="module")
+def chunking_server():
+    """A plain fake engine that prefills a prompt longer than TOKEN_BUDGET in chunks, and does not say so."""
+    yield from fake_engines([[]], FAKE_ENGINE_TOKEN_BUDGET=str(TOKEN_BUDGET))
+
+
+def fake_engines(flag_sets: list[list[str]], **extra_env):
+    """One fake engine per flag set, with the known step time; ended by PID, even on failure."""
+    env = dict(os.environ, FAKE_ENGINE_START_DELAY="0", FAKE_ENGINE_STEP_COST=f"{FIXED},{PER_TOKEN},{PER_KV},{PER_ROW}",
+               **extra_env)
     urls, processes = [], []
     try:
-        for extra in ([], ["--speculative-config", '{"num_speculative_tokens": 3}',
-                           "--per-request-spec-decode-metrics", "summary"]):
+        for extra in flag_sets:
             port = free_port()
             processes.append(subprocess.Popen([sys.executable, str(FAKE), "serve", "m", "--port", str(port), *extra],
                                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -98,6 +111,33 @@ def test_recovers_the_known_step_cost_of_a_plain_and_a_speculating_server(server
     cost = load_step_cost(path)                   # what simulate, calc and validate read
     assert isinstance(cost, LinearStepCost) and cost.for_method("ngram") is not cost
     assert cost.for_method("off") is cost and cost.request_overhead_s > 0
+
+
+def test_a_server_that_prefills_in_chunks_is_fitted_by_its_token_budget(chunking_server, tmp_path, capsys):
+    """The 1,024-token probes run four 256-token steps: with the server's budget given, the known cost comes
+    back (and the profile keeps the budget for --refit); without it, the same server fits a line that
+    misses its probes, and a line says the budget was not known."""
+    path = tmp_path / "profile.json"
+    assert main(["calibrate", "--endpoint", chunking_server[0], *SWEEP, "--max-num-batched-tokens",
+                 str(TOKEN_BUDGET), "--output", str(path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    fitted = data["linear"]
+    for key, known in (("fixed_s", FIXED), ("per_token_s", PER_TOKEN), ("per_kv_token_s", PER_KV),
+                       ("per_logits_row_s", PER_ROW)):
+        assert fitted[key] == pytest.approx(known, rel=TOLERANCE), key
+    assert "(4 steps)" in out and data["calibration"]["design"]["max_num_batched_tokens"] == TOKEN_BUDGET
+    unknown, again = tmp_path / "unknown.json", tmp_path / "again.json"
+    assert main(["calibrate", "--endpoint", chunking_server[0], *SWEEP, "--output", str(unknown)]) == 0
+    out = capsys.readouterr().out
+    assert "the server does not say its token budget" in out and "(4 steps)" not in out
+    assert json.loads(unknown.read_text())["linear"]["worst_residual"] > 0.05
+    # --refit reads the budget the sweep recorded, or the one given
+    assert main(["calibrate", "--refit", str(path), "--output", str(again)]) == 0
+    assert json.loads(again.read_text())["linear"] == pytest.approx(fitted)
+    assert main(["calibrate", "--refit", str(unknown), "--max-num-batched-tokens", str(TOKEN_BUDGET),
+                 "--output", str(again)]) == 0
+    assert json.loads(again.read_text())["linear"]["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
 
 
 def test_a_sweep_too_short_to_fit_is_refused_in_one_line(servers, tmp_path, capsys):
@@ -216,6 +256,20 @@ def test_a_prefill_is_the_median_ttft_of_single_requests():
     records = [record(i, i, ttft, 0.04, 2, prompt=256) for i, ttft in enumerate((0.31, 0.30, 0.45))]
     assert prefill_sample(records) == StepSample(StepShape(256, 0, 256 * 257 / 2), pytest.approx(0.31), logits_rows=1,
                                                  first_token=True)
+
+
+def test_a_prompt_longer_than_the_token_budget_is_its_chunks_steps():
+    """1,064 tokens at a budget of 512: chunks of 512, 512 and 40 over 0, 512 and 1,024 cached tokens,
+    three steps; within the budget, one step as before."""
+    records = [record(i, i, ttft, 0.04, 2, prompt=1064) for i, ttft in enumerate((0.78, 0.79, 0.80))]
+    sample = prefill_sample(records, max_num_batched_tokens=512)
+    pairs = 512 * 513 / 2 + (512 * 512 + 512 * 513 / 2) + (40 * 1024 + 40 * 41 / 2)
+    assert sample == StepSample(StepShape(1064, 512 + 1024, pairs), pytest.approx(0.79), logits_rows=1,
+                                first_token=True, steps=3)
+    assert prefill_sample(records, max_num_batched_tokens=2048) == prefill_sample(records)
+    assert prompt_chunks(1024, 512) == ([512, 512], [0, 512]) and prompt_chunks(100, None) == ([100], [0])
+    with pytest.raises(ConfigError, match="max-num-batched-tokens"):
+        SweepDesign(max_num_batched_tokens=0)
 
 
 def test_merged_chunks_count_their_tokens():

@@ -3,6 +3,7 @@ engine, residuals kept, a one-line refusal for a sweep too short to fit, and a l
 read by the simulator and the calculators; a step's features (StepShape) counted by hand, and the
 attention-pair term fitted only when asked."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -128,6 +129,29 @@ def test_grid_samples_read_a_profile_grid():
     samples = grid_samples([1, 4], [1, 5], [0, 100], np.arange(8).reshape(2, 2, 2) / 10)
     assert samples[-1] == StepSample(StepShape(20, 400, 2060), 0.7)
     assert samples[1] == StepSample(StepShape(1, 100, 101), 0.1)
+
+
+def test_a_sample_of_several_steps_pays_the_fixed_cost_once_a_step():
+    """A prompt prefilled in chunks (a server's token budget): the TTFT spans its chunks' steps. Fitted
+    with each such sample's step count, the known coefficients come back; counted as one step each,
+    the same times fit a fixed cost that is not the server's."""
+    truth = LinearStepCost.from_json(SERVER | {"per_attention_pair_s": 0.0})
+    rng = np.random.default_rng(0)
+    steps = [(decodes(b, 1, p + 24), None, False, 1) for b in (1, 4, 16, 64) for p in (32, 256)]
+    # 32, 256 and 1024 tokens at a budget of 256: one, one and four steps (256 over 0, 256, 512 and 768 cached)
+    steps += [(StepShape.of(32, 0), 1, True, 1), (StepShape.of(256, 0), 1, True, 1),
+              (StepShape.of([256] * 4, [0, 256, 512, 768]), 1, True, 4)]
+    samples = []
+    for shape, rows, ttft, count in steps:
+        seconds = float(truth.seconds(shape, rows)) + truth.fixed_s * (count - 1) + truth.request_overhead_s * ttft
+        samples.append(StepSample(shape, seconds * (1 + rng.uniform(-NOISE, NOISE)), logits_rows=rows,
+                                  first_token=ttft, steps=count))
+    chunked = fit(samples)
+    assert chunked.cost.to_json() == pytest.approx(truth.to_json(), rel=0.02)
+    assert "(4 steps)" in chunked.residual_lines()[-1]
+    as_one = fit([dataclasses.replace(s, steps=1) for s in samples])
+    assert np.abs(as_one.relative_residuals).max() > 0.02
+    assert as_one.cost.to_json() != pytest.approx(truth.to_json(), rel=0.02)
 
 
 def test_a_steps_features_by_hand():

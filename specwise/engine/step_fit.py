@@ -42,7 +42,14 @@ Worked example: fixed 20 ms, 0.5 ms a token, 2 us a KV token: 8 sequences verify
 each over 300 cached tokens cost 20 + 0.5 x 40 + 0.002 x 2,400 = 44.8 ms; at 0.1 us an attention
 pair more, their 8 x 1,515 pairs add 1.2 ms, and a 914-token prompt's 418,155 pairs 41.8 ms.
 
-`fit` takes samples (a StepShape and its seconds[, logits rows, is a TTFT]), solves for the
+A sample may span several steps: a server whose token budget a prompt exceeds prefills it in
+chunks, a step each (calibrate/samples.py `prefill_sample`). Its features are the steps' sums and
+its fixed cost is paid once a step: `StepSample.steps` is the fixed column's value. Worked example,
+with the coefficients above: a 1,064-token prompt at a budget of 512 runs chunks of 512, 512 and 40
+tokens over 0, 512 and 1,024 cached ones: 3 x 20 + 0.5 x 1,064 + 0.002 x 1,536 = 595.1 ms, where one
+step of the whole prompt would cost 552 ms (before the pairs).
+
+`fit` takes samples (a StepShape and its seconds[, logits rows, is a TTFT, steps]), solves for the
 coefficients by least squares and keeps the residuals, so a profile that does not fit says so.
 It refuses (one line) a sweep that cannot separate them: fewer than MIN_SAMPLES samples, or too
 few distinct token counts or KV sizes (the columns would be collinear).
@@ -64,7 +71,7 @@ COEFFICIENTS = ("fixed_s", "per_token_s", "per_kv_token_s")
 LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when absent)
 REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)
 ATTENTION_PAIR = "per_attention_pair_s"   # optional: per (query, key) pair attention computes (0 when absent)
-OPTIONAL_COLUMNS = (3, 4, 5)   # of fit's design: logits rows, is a TTFT, attention pairs (0-2: 1, tokens, KV)
+OPTIONAL_COLUMNS = (3, 4, 5)   # of fit's design: logits rows, is a TTFT, attention pairs (0-2: steps, tokens, KV)
 PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
 
@@ -106,6 +113,7 @@ class StepSample:
     seconds: float
     logits_rows: float | None = None     # rows sampled; None: every token (a decode or verification step)
     first_token: bool = False            # a time to first token: the step plus the server's request overhead
+    steps: int = 1                       # forward passes the seconds span (a prompt prefilled in chunks)
 
     @property
     def tokens(self) -> float:
@@ -203,6 +211,7 @@ class Fit:
     def residual_lines(self) -> list[str]:
         return [f"  {s.tokens:>8g} tokens {s.rows:>6g} logits rows {s.kv_tokens:>9g} KV {s.pairs:>10g} pairs  measured "
                 f"{s.seconds * 1e3:8.2f} ms  fitted {p * 1e3:8.2f} ms  {r:+.1%}"
+                + (f"  ({s.steps} steps)" if s.steps > 1 else "")
                 for s, p, r in zip(self.samples, self.predicted, self.relative_residuals)]
 
     def to_json(self) -> dict:
@@ -213,7 +222,7 @@ class Fit:
 
 
 def fit(samples: list[StepSample], options: FitOptions | None = None) -> Fit:
-    """Least squares of seconds on (1, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]);
+    """Least squares of seconds on (steps, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]);
     ConfigError when the sweep is too short. An optional column is kept only where the samples tell it
     from the others: logits rows where prefill steps sit beside decode steps, the request overhead where
     TTFTs do, attention pairs (only with options.fit_attention_pairs) where prompts of several lengths
@@ -227,7 +236,8 @@ def fit(samples: list[StepSample], options: FitOptions | None = None) -> Fit:
                           f"2 of each)")
     if any(s.seconds <= 0 for s in samples):
         raise ConfigError("a step time of zero or less cannot be fitted")
-    design = np.array([[1.0, s.tokens, s.kv_tokens, s.rows, float(s.first_token), s.pairs] for s in samples])
+    design = np.array([[float(s.steps), s.tokens, s.kv_tokens, s.rows, float(s.first_token), s.pairs]
+                       for s in samples])
     seconds = np.array([s.seconds for s in samples])
     if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "

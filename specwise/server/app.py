@@ -102,8 +102,10 @@ def service_routes(serving: Serving) -> APIRouter:
             raise APIError(503, f"the engine is dead: {serving.async_engine.dead}", code="engine_dead")
         if not serving.async_engine.thread.is_alive():
             raise APIError(503, "the engine thread has stopped", code="engine_stopped")
-        # which forward serves: "compiled" graphs, or "eager" (without --compile, or while they compile)
-        return {"status": "ok", "forward": "compiled" if serving.engine.compiled else "eager"}
+        # which forward serves: "compiled" graphs, or "eager" (without --compile, or while they compile); the
+        # token budget a step, which `calibrate --endpoint` needs to know how many steps a long prompt takes
+        return {"status": "ok", "forward": "compiled" if serving.engine.compiled else "eager",
+                "max_num_batched_tokens": serving.engine.config.max_num_batched_tokens}
 
     @router.get("/metrics")
     async def metrics():

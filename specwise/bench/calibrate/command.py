@@ -7,12 +7,17 @@ format `specwise calibrate` writes for our engine (engine/step_profile.py): `sim
 and the recommendation read it. The residuals are printed per step; a sweep too short to fit,
 or one whose fit misses its own steps by more than MAX_MEDIAN_RESIDUAL, is refused in one line.
 
+A prompt longer than the server's token budget is prefilled in chunks, a step each (samples.py
+`prefill_sample`): the budget comes from --max-num-batched-tokens, else from the server where it says
+(`specwise serve` does), else every probe counts as one step, and a line says so.
+
 Every request the sweep sent is kept beside the profile (profile.requests.jsonl, the evaluator's
 record format), so that `calibrate --refit PROFILE` fits the same sweep again (with
 --fit-attention-pairs, say) without a server.
 """
 
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import asdict
@@ -22,7 +27,7 @@ import numpy as np
 from rich.progress import Progress
 
 from specwise.bench.calibrate.sweep import Probe, SweepDesign, Wave, regroup, run_sweep, wave_tag
-from specwise.bench.load.targets.http import HttpTarget, check_endpoint
+from specwise.bench.load.targets.http import HttpTarget, announced_token_budget, check_endpoint
 from specwise.bench.results import read_records_file
 from specwise.engine.step_fit import Fit, FitOptions, fit
 from specwise.engine.step_profile import PROFILE_FORMAT
@@ -51,6 +56,7 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     urls = {PLAIN: endpoint} | arms
     for name, url in urls.items():
         asyncio.run(check_endpoint(name, url))
+    design = _with_token_budget(design, endpoint)
     targets = [HttpTarget(name=name, base_url=url, model=model, continuous_usage=True) for name, url in urls.items()]
     started = time.perf_counter()
     with Progress() as progress:
@@ -69,8 +75,23 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     return profile
 
 
-def refit(profile_path: str, output: str, options: FitOptions | None = None) -> dict:
-    """Fit a recorded sweep again (its profile and the requests kept beside it), write the profile to output."""
+def _with_token_budget(design: SweepDesign, endpoint: str) -> SweepDesign:
+    """The design with the server's token budget: as given, else as the server says, else none (a line says)."""
+    if design.max_num_batched_tokens is not None:
+        return design
+    budget = asyncio.run(announced_token_budget(endpoint))
+    if budget is None:
+        print("calibrate: the server does not say its token budget a step: every prefill probe is taken as one "
+              "step (give --max-num-batched-tokens N where the server prefills a longer prompt in chunks of N)")
+        return design
+    print(f"calibrate: the server takes at most {budget} tokens a step: a longer probe counts as its chunks")
+    return dataclasses.replace(design, max_num_batched_tokens=budget)
+
+
+def refit(profile_path: str, output: str, options: FitOptions | None = None,
+          max_num_batched_tokens: int | None = None) -> dict:
+    """Fit a recorded sweep again (its profile and the requests kept beside it), write the profile to output.
+    max_num_batched_tokens: the server's token budget, in place of the one the sweep recorded."""
     try:
         profile = json.loads(Path(profile_path).read_text(encoding="utf-8"))
         calibration = profile["calibration"]
@@ -79,8 +100,13 @@ def refit(profile_path: str, output: str, options: FitOptions | None = None) -> 
         raise InputError(f"{profile_path}: not a profile written by calibrate --endpoint (with its requests kept)")
     shared = {(w["endpoint"], wave_tag(w["batch_size"], w["prompt_tokens"])): tuple(w["shared_drafts"])
               for w in calibration.get("waves", []) if w.get("shared_drafts")}
-    probes, waves = regroup(read_records_file(requests), shared)
+    recorded = (calibration.get("design") or {}).get("max_num_batched_tokens")
+    budget = max_num_batched_tokens if max_num_batched_tokens is not None else recorded
+    if budget is not None and budget < 1:
+        raise ConfigError("calibrate --refit: --max-num-batched-tokens must be at least 1")
+    probes, waves = regroup(read_records_file(requests), shared, budget)
     calibration = calibration | {"refitted_from": str(profile_path), "requests": str(requests.resolve())}
+    calibration["design"] = (calibration.get("design") or {}) | {"max_num_batched_tokens": budget}
     refitted = _write_profile(urls, probes, waves, calibration, profile.get("model", "model?"), output, options)
     print(f"wrote {output} (refitted from {profile_path})")
     return refitted

@@ -24,9 +24,13 @@ no drafts, window from their 9th to their 29th chunk over 0.8 s: step 0.8 / 20 =
 4 x (100 + 19 - 1) = 472 KV tokens, 4 x 119 = 476 attention pairs.
 
 Prefill steps are timed apart, by single requests sent one after another (`prefill_sample`): a
-TTFT is one step of the whole prompt (n rows over no cache: n (n + 1) / 2 attention pairs) with one
-logits row, plus the server's
-request overhead (the HTTP round trip, tokenizing; fitted apart, engine/step_fit.py). A wave's own
+TTFT is the steps of the whole prompt with one logits row, plus the server's request overhead (the
+HTTP round trip, tokenizing; fitted apart, engine/step_fit.py). A prompt within the server's token
+budget (max_num_batched_tokens) is one step of n rows over no cache, n (n + 1) / 2 attention pairs;
+a longer one runs in chunks of the budget, each a step over the chunks before it: our server
+(budget 512) prefills a 1,064-token prompt in three steps, and the TTFTs of a sweep taken as one
+step each bent the straight line up at its longest probe (one recorded sweep: 42, 221 and 1,064
+tokens measured 66, 140 and 784 ms, fitted 61, 164 and 650). A wave's own
 first tokens are no use for that: its requests reach the server a few milliseconds apart, and an
 engine starts a step with whichever have arrived.
 """
@@ -107,12 +111,23 @@ def _per_step(r: RequestRecord, shared, batch_size: int) -> tuple[float, float]:
     return max(r.output_tokens - 1, 1) / steps, 1.0 + drafted / steps
 
 
-def prefill_sample(records: list[RequestRecord]) -> StepSample | None:
-    """Single requests of one prompt length, sent one after another: the median TTFT as one step of
-    the whole prompt (one logits row, no cached KV) plus the server's request overhead."""
+def prefill_sample(records: list[RequestRecord], max_num_batched_tokens: int | None = None) -> StepSample | None:
+    """Single requests of one prompt length, sent one after another: the median TTFT as the steps of
+    the whole prompt (one logits row, no cached KV before it) plus the server's request overhead.
+    max_num_batched_tokens: the server's token budget, a step's most prompt tokens (None: no limit)."""
     done = [r for r in records if not r.error and r.ttft is not None]
     if not done:
         return None
     prompt = float(np.median([r.prompt_tokens for r in done]))
-    return StepSample(StepShape.of(prompt, 0.0), float(np.median([r.ttft for r in done])),
-                      logits_rows=1.0, first_token=True)
+    chunks, cached = prompt_chunks(prompt, max_num_batched_tokens)
+    return StepSample(StepShape.of(chunks, cached), float(np.median([r.ttft for r in done])),
+                      logits_rows=1.0, first_token=True, steps=len(chunks))
+
+
+def prompt_chunks(prompt: float, budget: int | None) -> tuple[list[float], list[float]]:
+    """(chunk lengths, tokens cached before each) of a prompt prefilled alone within a token budget:
+    1,064 tokens at 512 -> ([512, 512, 40], [0, 512, 1024])."""
+    if budget is None or prompt <= budget:
+        return [prompt], [0.0]
+    starts = np.arange(0, prompt, budget, dtype=float)
+    return (np.minimum(starts + budget, prompt) - starts).tolist(), starts.tolist()

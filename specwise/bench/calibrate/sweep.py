@@ -70,6 +70,7 @@ class SweepDesign:
     budget_s: float = 180.0
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     window_seed: int | None = None       # where the sweep's prompt windows start; None: a fresh place
+    max_num_batched_tokens: int | None = None   # the server's token budget: a longer probe runs in chunks
 
     def __post_init__(self):
         self.categories = check_categories(self.categories)
@@ -77,6 +78,8 @@ class SweepDesign:
             self.window_seed = random.randrange(MAX_WINDOW_SEED)
         if not 0 <= self.window_seed < MAX_WINDOW_SEED:
             raise ConfigError(f"calibrate --endpoint: --window-seed must be in 0..{MAX_WINDOW_SEED - 1}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError("calibrate --endpoint: --max-num-batched-tokens must be at least 1")
         for name in ("batch_sizes", "prompt_tokens", "prefill_tokens"):
             values = getattr(self, name)
             if not values or min(values) < 1:
@@ -137,7 +140,8 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                     if time.perf_counter() >= deadline:
                         return probes, waves
                     records += await _send(target, [single], started, deadline)
-                probes.append(Probe(target.name, prompt_tokens, records, prefill_sample(records)))
+                probes.append(Probe(target.name, prompt_tokens, records,
+                                    prefill_sample(records, design.max_num_batched_tokens)))
                 if on_step:
                     on_step()
         for turn, (batch_size, prompt_tokens) in enumerate(design.waves()):
@@ -170,17 +174,18 @@ def wave_tag(batch_size: int | str, prompt_tokens: int | str) -> str:
     return f"b{batch_size}-p{prompt_tokens}"
 
 
-def regroup(records: list[RequestRecord], shared_drafts: dict[tuple[str, str], tuple[float, float]]
-            ) -> tuple[list[Probe], list[Wave]]:
+def regroup(records: list[RequestRecord], shared_drafts: dict[tuple[str, str], tuple[float, float]],
+            max_num_batched_tokens: int | None = None) -> tuple[list[Probe], list[Wave]]:
     """A recorded sweep's probes and waves again, from its requests' records in send order (`calibrate
-    --refit`). shared_drafts: (endpoint, wave tag) -> the server's (drafted, accepted) over that wave."""
+    --refit`). shared_drafts: (endpoint, wave tag) -> the server's (drafted, accepted) over that wave;
+    max_num_batched_tokens: the server's token budget (prefill_sample)."""
     groups: dict[tuple[str, str], list[RequestRecord]] = {}
     for record in records:
         groups.setdefault((record.arm, record.request_id.rsplit("-", 1)[0]), []).append(record)
     probes, waves = [], []
     for (endpoint, tag), group in groups.items():
         if match := re.fullmatch(probe_tag(r"(\d+)"), tag):
-            probes.append(Probe(endpoint, int(match[1]), group, prefill_sample(group)))
+            probes.append(Probe(endpoint, int(match[1]), group, prefill_sample(group, max_num_batched_tokens)))
         elif match := re.fullmatch(wave_tag(r"(\d+)", r"(\d+)"), tag):
             batch_size, drafts = int(match[1]), shared_drafts.get((endpoint, tag))
             waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts),

@@ -152,6 +152,19 @@ async def check_endpoint(name: str, base_url: str, headers: dict | None = None) 
                           f"nothing was measured: start it, or drop --endpoint {name}=...") from None
 
 
+async def announced_token_budget(base_url: str, headers: dict | None = None) -> int | None:
+    """The most tokens a step of the server takes, where it says (`specwise serve`'s /health does;
+    vLLM and SGLang publish theirs nowhere a client can read): None when it does not."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        async with httpx.AsyncClient(timeout=10.0, headers=headers or {}) as client:
+            said = (await client.get(f"{root}/health")).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    budget = said.get("max_num_batched_tokens") if isinstance(said, dict) else None
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+
+
 def _error_text(body: str) -> str:
     """The message of an error object, {"error": {"message": ...}} (OpenAI) or
     {"object": "error", "message": ...} (vLLM), else the body itself."""
