@@ -93,6 +93,23 @@ def test_simulate_writes_evaluate_results(tmp_path, capsys):
     assert "ngram-k3" in capsys.readouterr().out
 
 
+def test_simulate_takes_the_calibrated_servers_token_budget_from_the_profile(tmp_path, capsys):
+    """A profile calibrate --endpoint wrote records the server's token budget: simulate schedules with it
+    unless --max-num-batched-tokens says otherwise."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"format": "specwise-step-profile", "version": 1, "model": "m", "machine": "endpoint",
+                                   "linear": {"fixed_s": 0.03, "per_token_s": 5e-4, "per_kv_token_s": 5e-6},
+                                   "calibration": {"design": {"max_num_batched_tokens": 512}}}))
+    common = ["simulate", "--model", "smollm2-135m", "--gpu", "l4", "--workload", "suite:chat", "--per-category", "2",
+              "--max-tokens", "8", "--concurrency", "1", "--profile", str(profile)]
+    for extra, budget in (([], 512), (["--max-num-batched-tokens", "2048"], 2048)):
+        out_dir = tmp_path / f"sim-{budget}"
+        assert run([*common, *extra, "--output", str(out_dir)]) == 0
+        assert read_run_info(out_dir)["simulation"]["server"]["max_num_batched_tokens"] == budget
+        said = "the calibrated server takes at most 512 tokens a step" in capsys.readouterr().out
+        assert said == (not extra)
+
+
 def test_simulate_trace_with_length_overrides(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.00,100,5\n"

@@ -20,7 +20,10 @@ Profile JSON (written by `specwise calibrate` or by hand):
                  "per_kv_token_s": 2e-6,             engine/step_fit.py; a profile with no grid
                  "per_logits_row_s": 1e-3,           (no "seconds") is read as that linear model
                  "drafting": {"ngram": {...}}, ...}  (optional: per logits row; a speculating
-    }                                                server's own fit per drafting method)
+                                                     server's own fit per drafting method)
+      "calibration": {"design": {                    optional: how calibrate --endpoint swept;
+          "max_num_batched_tokens": 512, ...}, ...}  the server's token budget a step, where known
+    }                                                (simulate's default; profile_token_budget)
 
 Between grid points the time is piecewise linear along each axis; beyond the edges it is
 extended linearly from the last two points (so a batch twice the largest measured one
@@ -146,6 +149,17 @@ def load_step_cost(path) -> StepCostModel:
         except ValueError as error:
             raise InputError(f"{path}: profile linear {error}") from None
     return ProfileCost.load(path)
+
+
+def profile_token_budget(path) -> int | None:
+    """The calibrated server's token budget a step, where the profile recorded one (`calibrate --endpoint`
+    writes it under "calibration"."design"): None for any other profile, or an unreadable one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        budget = data["calibration"]["design"]["max_num_batched_tokens"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
 def _bracket(axis: np.ndarray, x: float) -> tuple[int, int, float]:

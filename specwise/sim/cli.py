@@ -22,6 +22,7 @@ from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
+from specwise.engine.step_profile import profile_token_budget
 from specwise.errors import ConfigError
 from specwise.sim.flat import FlatResult, FlatSimulator
 from specwise.sim.records import write_results
@@ -68,7 +69,7 @@ def register(subparsers) -> None:
 
 def run_simulate(args, argv: list[str] | None = None) -> int:
     deployment = Deployment.from_config(dataclass_from_args(DeploymentConfig, args))
-    server = dataclass_from_args(SimServerConfig, args)
+    server = dataclass_from_args(SimServerConfig, args, **profile_server_defaults(args))
     config = dataclass_from_args(SimulateConfig, args)
     cost = target_cost(args, deployment)
     if config.validate:
@@ -94,6 +95,17 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     records = write_results(out_dir, results, run_info)
     print_summary(records, run_info, out_dir, elapsed)
     return 0
+
+
+def profile_server_defaults(args) -> dict:
+    """What the profile knows of the calibrated server, where the command line does not say it: its token
+    budget a step (a profile `calibrate --endpoint` wrote), with a line saying so."""
+    budget = profile_token_budget(args.profile) if args.profile else None
+    if budget is None or getattr(args, "max_num_batched_tokens", None) is not None:
+        return {}
+    print(f"simulate: the calibrated server takes at most {budget} tokens a step (the profile's; "
+          f"--max-num-batched-tokens to say otherwise)")
+    return {"max_num_batched_tokens": budget}
 
 
 def run_validate(config: SimulateConfig, cost, deployment: Deployment, server: SimServerConfig) -> int:
