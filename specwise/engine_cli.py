@@ -98,6 +98,9 @@ def register_calibrate(subparsers) -> None:
                           help="prompt lengths of the single requests that time a prefill each, comma-separated")
     endpoint.add_argument("--prefill-repeats", type=int, default=3, help="single requests per prefill length "
                                                                         "(median kept)")
+    endpoint.add_argument("--count-probes", type=int, default=48,
+                          help="new token counts the count probe runs, each twice (what a step of a count the "
+                               "server has not run lately costs; 0: no probe)")
     endpoint.add_argument("--budget", type=float, default=180.0, help="seconds for the whole sweep, warm-up included")
     endpoint.add_argument("--categories", default="all",
                           help="suite categories the prompts are cut from, in turn within each wave (comma-separated)")
@@ -183,7 +186,7 @@ def run_endpoint_calibrate(args) -> int:
                          categories=parse_categories(args.categories) or list(CATEGORIES),
                          prefill_tokens=parse_int_list(args.prefill_lens, "--prefill-lens"),
                          prefill_repeats=args.prefill_repeats, window_seed=args.window_seed,
-                         max_num_batched_tokens=server_token_budget(args))
+                         max_num_batched_tokens=server_token_budget(args), count_probes=args.count_probes)
     model = getattr(args, "model", None)              # EngineConfig's flag, absent from the namespace when not given
     calibrate_endpoints(args.endpoint, parse_arms(args.speculative_arm), design, model, args.output,
                         dataclass_from_args(FitOptions, args))

@@ -30,11 +30,14 @@ Behaviour from the environment:
                             whose step time is that known function of the step's rows, KV tokens and sampled rows
   FAKE_ENGINE_TOKEN_BUDGET  N: that engine prefills a longer prompt in chunks of N tokens, a step each (as
                             vLLM and ours do within max_num_batched_tokens); it says N nowhere, as vLLM does not
-Prompts count 1 token per 4 characters; `stream_options.continuous_usage_stats` puts the running usage on
+  FAKE_ENGINE_COUNT_COST    "SECONDS,MEMORY": that engine's step whose row count is not among the last MEMORY
+                            distinct counts it ran takes SECONDS more (an eager server building its kernels)
+Prompts count 1 token per 4 characters, or a token-id prompt its ids; `stream_options.continuous_usage_stats` puts the running usage on
 every chunk, as vLLM does.
 """
 
 import argparse
+import collections
 import json
 import os
 import queue
@@ -133,8 +136,11 @@ class Stepper:
     sampled rows, paced against the clock: while busy each step starts at the previous one's deadline, so
     late wake-ups do not add up."""
 
-    def __init__(self, coefficients: list[float], k: int, budget: int | None = None):
+    def __init__(self, coefficients: list[float], k: int, budget: int | None = None,
+                 count_cost: tuple[float, int] = (0.0, 0)):
         self.fixed, self.per_token, self.per_kv = coefficients[:3]
+        self.new_count, self.memory = count_cost
+        self.counts = collections.OrderedDict()        # the row counts run lately, least recent first
         self.budget = budget
         self.per_row = coefficients[3] if len(coefficients) > 3 else 0.0
         self.k, self.running, self.cond = k, [], threading.Condition()
@@ -167,6 +173,7 @@ class Stepper:
                     rows, sampled, kv = rows + 1 + self.k, sampled + 1 + self.k, kv + r["prompt"] + r["made"] - 1
             start = end if busy else time.monotonic()
             end = start + self.fixed + self.per_token * rows + self.per_kv * kv + self.per_row * sampled
+            end += self.count_cost(rows)
             busy = True
             time.sleep(max(end - time.monotonic(), 0.0))
             for r in batch:
@@ -184,7 +191,21 @@ class Stepper:
                     r["out"].put(None)
 
 
+    def count_cost(self, rows: int) -> float:
+        if not self.new_count:
+            return 0.0
+        if rows in self.counts:
+            self.counts.move_to_end(rows)
+            return 0.0
+        self.counts[rows] = None
+        if len(self.counts) > self.memory:
+            self.counts.popitem(last=False)
+        return self.new_count
+
+
 def prompt_tokens(body: dict) -> int:
+    if isinstance(body.get("prompt"), list):
+        return len(body["prompt"])                  # token ids
     text = body.get("prompt") or "".join(str(m.get("content", "")) for m in body.get("messages") or [])
     return max(1, len(text) // 4)
 
@@ -192,7 +213,9 @@ def prompt_tokens(body: dict) -> int:
 def make_handler(model: str, k: int, per_request: bool, delay: float, sglang: bool = False):
     cost = ENV("FAKE_ENGINE_STEP_COST")
     budget = int(ENV("FAKE_ENGINE_TOKEN_BUDGET", "0")) or None
-    stepper = Stepper([float(value) for value in cost.split(",")], k, budget) if cost else None
+    count = ENV("FAKE_ENGINE_COUNT_COST")
+    count_cost = (float(count.split(",")[0]), int(count.split(",")[1])) if count else (0.0, 0)
+    stepper = Stepper([float(value) for value in cost.split(",")], k, budget, count_cost) if cost else None
     crash_after = int(ENV("FAKE_ENGINE_CRASH_AFTER", "0"))
     crashes = crash_after and (k > 0 or ENV("FAKE_ENGINE_CRASH_SPEC") != "1")
 

@@ -302,3 +302,12 @@ def test_error_bodies_of_openai_and_vllm_shapes():
     assert _error_text('{"error": {"message": "model not found", "code": 404}}') == "model not found"
     assert _error_text('{"object": "error", "message": "max_tokens too large", "code": 400}') == "max_tokens too large"
     assert _error_text("<html>Bad Gateway</html>") == "<html>Bad Gateway</html>"
+
+
+def test_a_token_id_prompt_is_sent_as_token_ids():
+    """A request that carries prompt_token_ids (the calibration's count probe) sends them as the completion prompt."""
+    ids = WorkloadRequest("ids", "counts", max_tokens=1, prompt_tokens=3, extra={"prompt_token_ids": [101, 102, 103]})
+    with SSEServer() as server:
+        run_one(HttpTarget("off", server.url), ids)
+        body = server.bodies[0]
+    assert body["prompt"] == [101, 102, 103]

@@ -15,7 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+import numpy as np
+
 from specwise.bench.calibrate.command import _fit, parse_arms
+from specwise.bench.calibrate.counts import count_cost, count_requests
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, prompt_chunks, wave_steps
 from specwise.bench.calibrate.sweep import MAX_WINDOW_SEED, SweepDesign, Wave, _Windows
 from specwise.bench.results import RequestRecord
@@ -138,6 +141,67 @@ def test_a_server_that_prefills_in_chunks_is_fitted_by_its_token_budget(chunking
     assert main(["calibrate", "--refit", str(unknown), "--max-num-batched-tokens", str(TOKEN_BUDGET),
                  "--output", str(again)]) == 0
     assert json.loads(again.read_text())["linear"]["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
+
+
+@pytest.fixture(scope="module")
+def count_server():
+    """A plain fake engine whose step of a row count not among the last COUNT_MEMORY costs NEW_COUNT more."""
+    yield from fake_engines([[]], FAKE_ENGINE_COUNT_COST=f"{NEW_COUNT},{COUNT_MEMORY}")
+
+
+NEW_COUNT, COUNT_MEMORY = 0.015, 16
+
+
+def test_recovers_what_a_new_token_count_costs_and_how_many_the_server_keeps(count_server, tmp_path, capsys):
+    """The count probe finds the fake engine's 15 ms and its memory of 16 counts; the fit, taking them as known,
+    recovers the step's coefficients as on a server without the cost, and the simulator reads both back.
+    With --no-count-cost the same sweep is fitted as before the probe existed, no count cost kept."""
+    path, plain = tmp_path / "profile.json", tmp_path / "plain.json"
+    assert main(["calibrate", "--endpoint", count_server[0], *SWEEP, "--count-probes", "40",
+                 "--output", str(path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    fitted = data["linear"]
+    assert fitted["new_count_s"] == pytest.approx(NEW_COUNT, rel=TOLERANCE)
+    assert fitted["count_memory"] == COUNT_MEMORY
+    for key, known in (("fixed_s", FIXED), ("per_token_s", PER_TOKEN), ("per_kv_token_s", PER_KV),
+                       ("per_logits_row_s", PER_ROW)):
+        assert fitted[key] == pytest.approx(known, rel=TOLERANCE), key
+    assert 0 < fitted["request_overhead_s"] < NEW_COUNT
+    assert "a step of a token count not among the last 16 run costs 15." in out
+    assert data["calibration"]["counts"]["off"]["probed"] == 40
+    cost = load_step_cost(path)
+    assert (cost.new_count_s, cost.count_memory) == (fitted["new_count_s"], COUNT_MEMORY)
+    assert main(["calibrate", "--refit", str(path), "--no-count-cost", "--output", str(plain)]) == 0
+    without = json.loads(plain.read_text())["linear"]
+    assert "new_count_s" not in without and not json.loads(plain.read_text())["calibration"]["counts"]
+    assert without["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
+
+
+def test_the_count_probe_by_hand():
+    """counts.py's worked example: d = 12, 14, 11, 13, 1, -2, 0, 1 ms at j = 0..7 -> memory 4, 12 ms. Every
+    revisit quick: a cost with a memory of at least the probe's counts; none quick: no cost. The requests:
+    distinct counts, then the same in reverse, token ids of each count, none of the counts to avoid."""
+    def probe(d_ms):
+        m = len(d_ms)
+        # fresh[i] is revisited (m - 1 - i)-th: its TTFT is 50 ms + d of that revisit, every revisit 50 ms
+        fresh = [record(i, i, 0.05 + d_ms[m - 1 - i] / 1e3, 0.01, 1) for i in range(m)]
+        return fresh + [record(m + j, m + j, 0.05, 0.01, 1) for j in range(m)]
+    stepped = count_cost(probe([12, 14, 11, 13, 1, -2, 0, 1]))
+    assert (stepped.new_count_s, stepped.memory, stepped.bounded) == (pytest.approx(0.012), 4, True)
+    rng = np.random.default_rng(0)
+    kept = count_cost(probe(list(10 + rng.normal(0, 1, 24))))
+    assert kept.new_count_s == pytest.approx(0.010, abs=0.001) and (kept.memory, kept.bounded) == (24, False)
+    assert "at least 24" in kept.summary()
+    assert count_cost(probe(list(rng.normal(0, 1, 24)))).new_count_s == 0
+    assert count_cost(probe([12, 14, 1])) is None                  # too few pairs
+    requests = count_requests(20, seed=3, avoid={50, 51})
+    counts = [r.prompt_tokens for r in requests]
+    assert counts[:20] == counts[20:][::-1] and len(set(counts)) == 20 and not {50, 51} & set(counts)
+    assert all(len(r.extra["prompt_token_ids"]) == r.prompt_tokens for r in requests)
+    assert requests[0].extra["prompt_token_ids"] != requests[-1].extra["prompt_token_ids"]     # no shared prefix
+    with pytest.raises(ConfigError, match="count-probes"):
+        SweepDesign(count_probes=2)
 
 
 def test_a_sweep_too_short_to_fit_is_refused_in_one_line(servers, tmp_path, capsys):

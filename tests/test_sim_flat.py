@@ -189,3 +189,21 @@ def test_a_turn_waits_for_a_turn_before_it_that_is_itself_held():
         requests, OFF, LoadPoint("concurrency", 3), after={"s-t1": "s-t0", "s-t2": "s-t1"})
     sends = {r.request_id: r.send_time for r in result.records}
     assert sends == pytest.approx({"s-t0": 0.0, "s-t1": 0.03, "s-t2": 0.06})
+
+
+def test_a_step_of_a_token_count_not_run_lately_pays_its_cost():
+    """10 ms a step, 5 ms for a token count not among the last 2 the run's steps had (engine/step_fit.py
+    RecentCounts). One request, 8-token prompt, 4 tokens: its prefill (count 8) pays, its first decode
+    (count 1) pays, the next two do not: 15, 30, 40, 50 ms. Two requests sent together, the prompts of
+    8 and 9 tokens prefilled in one step (count 17, pays), then 2-row decodes: 15, 30, 40, 50 again."""
+    from specwise.engine.step_fit import LinearStepCost
+    cost = LinearStepCost(0.010, 0.0, 0.0, new_count_s=0.005, count_memory=2)
+    one = WorkloadRequest(request_id="a", category="chat", max_tokens=4, prompt_tokens=8)
+    record = FlatSimulator(cost, SimServerConfig(), 10_000).run([one], OFF, LoadPoint("concurrency", 1)).records[0]
+    assert record.chunk_times == pytest.approx([0.015, 0.030, 0.040, 0.050])
+    two = [one, WorkloadRequest(request_id="b", category="chat", max_tokens=4, prompt_tokens=9)]
+    records = FlatSimulator(cost, SimServerConfig(), 10_000).run(two, OFF, LoadPoint("concurrency", 2)).records
+    assert [r.chunk_times for r in records] == [pytest.approx([0.015, 0.030, 0.040, 0.050])] * 2
+    plain = FlatSimulator(LinearStepCost(0.010, 0.0, 0.0), SimServerConfig(), 10_000).run(
+        [one], OFF, LoadPoint("concurrency", 1)).records[0]
+    assert plain.chunk_times == pytest.approx([0.010, 0.020, 0.030, 0.040])

@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from specwise.engine.step_fit import FitOptions, LinearStepCost, StepSample, StepShape, fit, grid_samples
+from specwise.engine.step_fit import (FitOptions, LinearStepCost, RecentCounts, StepSample, StepShape, fit,
+                                      grid_samples)
 from specwise.engine.step_profile import load_step_cost
 from specwise.errors import ConfigError
 
@@ -209,3 +210,26 @@ def test_a_kv_token_that_costs_less_than_nothing_is_fitted_away():
     fixed, per_token = np.linalg.lstsq(design, np.ones(len(steps)), rcond=None)[0]
     assert (result.cost.fixed_s, result.cost.per_token_s) == pytest.approx((fixed, per_token))
     assert result.predicted == pytest.approx(fixed + per_token * np.array([s.tokens for s in steps]))
+
+
+def test_recent_counts_keep_the_last_distinct_counts():
+    """The docstring's worked example, memory 2: counts 5, 7, 5, 9, 7 pay new, new, 0, new, new (9 put 7
+    out); with no cost nothing is paid or kept."""
+    recent = RecentCounts(0.012, 2)
+    assert [recent.cost(n) for n in (5, 7, 5, 9, 7)] == [0.012, 0.012, 0.0, 0.012, 0.012]
+    free = RecentCounts(0.0, 0)
+    assert [free.cost(n) for n in (5, 5, 6)] == [0.0] * 3 and not free.counts
+
+
+def test_a_new_count_cost_is_kept_in_the_profile_and_read_back():
+    """A fitted cost with a new token count's cost added (measured apart, bench/calibrate/counts.py): the
+    profile keeps the cost and its memory and reads both back; a cost without a memory is refused."""
+    fitted = fit(sweep()).cost
+    counted = fitted.with_counts(0.015, 24)
+    assert counted.to_json() == pytest.approx(fitted.to_json() | {"new_count_s": 0.015, "count_memory": 24})
+    assert "15.0 ms a step of a token count not among the last 24" in counted.description
+    assert LinearStepCost.from_json(counted.to_json()).to_json() == counted.to_json()
+    assert counted.step_time(4, 1, 100) == fitted.step_time(4, 1, 100)     # charged per run of steps (sim/flat.py)
+    assert fitted.with_counts(0.0, 24).to_json() == fitted.to_json()
+    with pytest.raises(ValueError, match="count_memory"):
+        LinearStepCost.from_json(fitted.to_json() | {"new_count_s": 0.015})

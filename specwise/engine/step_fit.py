@@ -54,11 +54,19 @@ coefficients by least squares and keeps the residuals, so a profile that does no
 It refuses (one line) a sweep that cannot separate them: fewer than MIN_SAMPLES samples, or too
 few distinct token counts or KV sizes (the columns would be collinear).
 
+A step of a token count the server has not run lately may cost more than its shape: an eager CPU
+server builds its matmuls' kernels per shape and keeps the last few (calibrate/counts.py measures
+both). `new_count_s` is that cost and `count_memory` how many distinct counts the server keeps; the
+simulator charges it to each step whose token count is not among the last `count_memory` it ran
+(`RecentCounts`). It is measured apart, not fitted (`with_counts` adds it to a fitted cost), and a
+calibration takes it off the times that paid it before the fit (bench/calibrate/counts.py).
+
 A server's speculating configuration (vLLM with n-gram drafting, say) costs more per step than
 its verification rows alone: the drafter runs on the same machine. `drafting` holds a separate
 fit per drafting method, fitted on that server's own steps; `for_method` picks it.
 """
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,6 +79,8 @@ COEFFICIENTS = ("fixed_s", "per_token_s", "per_kv_token_s")
 LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when absent)
 REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)
 ATTENTION_PAIR = "per_attention_pair_s"   # optional: per (query, key) pair attention computes (0 when absent)
+NEW_COUNT = "new_count_s"      # optional, measured apart: a step of a token count not run lately (0 when absent)
+COUNT_MEMORY = "count_memory"  # the distinct token counts the server keeps kernels for
 OPTIONAL_COLUMNS = (3, 4, 5)   # of fit's design: logits rows, is a TTFT, attention pairs (0-2: steps, tokens, KV)
 PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
@@ -82,6 +92,9 @@ class FitOptions:
     fit_attention_pairs: bool = field(default=False, metadata={"help": (
         "fit a cost per attention pair (a prefill convex in its length); off: pairs are counted, not "
         "costed, as three prefill lengths fit that term to their noise (docs/calculators.md)")})
+    count_cost: bool = field(default=True, metadata={"help": (
+        "calibrate --endpoint: charge a step of a token count the server has not run lately what the "
+        "count probe measured (bench/calibrate/counts.py); --no-count-cost: a step costs by its shape alone")})
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,10 @@ class StepSample:
 class LinearStepCost(StepCostModel):
     def __init__(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, description: str = "",
                  per_logits_row_s: float = 0.0, drafting: dict | None = None, request_overhead_s: float = 0.0,
-                 per_attention_pair_s: float = 0.0):
+                 per_attention_pair_s: float = 0.0, new_count_s: float = 0.0, count_memory: int = 0):
+        if new_count_s < 0 or count_memory < 0 or (new_count_s > 0 and count_memory < 1):
+            raise ConfigError("a new token count's cost must be >= 0, with a memory of at least 1 count")
+        self.new_count_s, self.count_memory = new_count_s, count_memory
         self.fixed_s, self.per_token_s, self.per_kv_token_s = fixed_s, per_token_s, per_kv_token_s
         self.per_logits_row_s, self.request_overhead_s = per_logits_row_s, request_overhead_s
         self.per_attention_pair_s = per_attention_pair_s
@@ -143,6 +159,8 @@ class LinearStepCost(StepCostModel):
         row = f" + {per_logits_row_s * 1e3:.3f} ms/logits row" if per_logits_row_s else ""
         row += f" + {per_attention_pair_s * 1e9:.2f} ns/attention pair" if per_attention_pair_s else ""
         row += f"; {request_overhead_s * 1e3:.2f} ms a request" if request_overhead_s else ""
+        row += (f"; {new_count_s * 1e3:.1f} ms a step of a token count not among the last {count_memory}"
+                if new_count_s else "")
         self.description = description or (f"linear: {fixed_s * 1e3:.2f} ms + {per_token_s * 1e3:.3f} ms/token "
                                            f"+ {per_kv_token_s * 1e6:.3f} us/KV token{row}")
 
@@ -154,6 +172,13 @@ class LinearStepCost(StepCostModel):
         return np.maximum(self.fixed_s + self.per_token_s * tokens + self.per_logits_row_s * rows
                           + self.per_kv_token_s * np.asarray(shape.kv_tokens, dtype=float)
                           + self.per_attention_pair_s * np.asarray(shape.pairs, dtype=float), 0.0)
+
+    def with_counts(self, new_count_s: float, count_memory: int) -> "LinearStepCost":
+        """This cost with a step of a token count not among the last count_memory costing new_count_s more."""
+        return LinearStepCost(self.fixed_s, self.per_token_s, self.per_kv_token_s, per_logits_row_s=self.per_logits_row_s,
+                              drafting=self.drafting, request_overhead_s=self.request_overhead_s,
+                              per_attention_pair_s=self.per_attention_pair_s, new_count_s=new_count_s,
+                              count_memory=count_memory if new_count_s else 0)
 
     def for_method(self, method: str) -> "LinearStepCost":
         """The fit of the server speculating with this method, where the profile has one."""
@@ -172,22 +197,50 @@ class LinearStepCost(StepCostModel):
         out = dict(zip(COEFFICIENTS, (self.fixed_s, self.per_token_s, self.per_kv_token_s)))
         extra = {LOGITS_ROW: self.per_logits_row_s, REQUEST_OVERHEAD: self.request_overhead_s,
                  ATTENTION_PAIR: self.per_attention_pair_s}
+        if self.new_count_s:
+            extra |= {NEW_COUNT: self.new_count_s, COUNT_MEMORY: self.count_memory}
         return out | {key: value for key, value in extra.items() if value}
 
     @classmethod
     def from_json(cls, data: dict, description: str = "") -> "LinearStepCost":
         """{"fixed_s", "per_token_s", "per_kv_token_s"[, "per_logits_row_s"][, "request_overhead_s"]
-        [, "per_attention_pair_s"][, "drafting": {method: {...}}]}; ValueError when a coefficient is
-        missing or not a number."""
+        [, "per_attention_pair_s"][, "new_count_s", "count_memory"][, "drafting": {method: {...}}]};
+        ValueError when a coefficient is missing or not a number."""
         try:
             values = [float(data[key]) for key in COEFFICIENTS]
-            row, overhead, pair = (float(data.get(key, 0.0)) for key in (LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR))
+            row, overhead, pair, new = (float(data.get(key, 0.0))
+                                        for key in (LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR, NEW_COUNT))
+            memory = int(data.get(COUNT_MEMORY, 0))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"needs {', '.join(COEFFICIENTS)} as numbers") from None
+        if new < 0 or memory < 0 or (new > 0 and memory < 1):
+            raise ValueError(f"needs {NEW_COUNT} >= 0 with a {COUNT_MEMORY} of at least 1")
         drafting = {method: cls.from_json(fit, f"{description} ({method})" if description else "")
                     for method, fit in (data.get("drafting") or {}).items()}
         return cls(*values, description=description, per_logits_row_s=row, drafting=drafting,
-                   request_overhead_s=overhead, per_attention_pair_s=pair)
+                   request_overhead_s=overhead, per_attention_pair_s=pair, new_count_s=new, count_memory=memory)
+
+
+class RecentCounts:
+    """The token counts a server ran lately, as its kernel cache keeps them: the last `memory` distinct
+    ones (least recently run out first). `cost(tokens)`: what a step of that many tokens pays for its
+    count (new_count_s where it is not among them, else 0), and it is then the most recent. Worked
+    example, memory 2: counts 5, 7, 5, 9, 7 pay new, new, 0, new, new (9 put 7 out)."""
+
+    def __init__(self, new_count_s: float, memory: int):
+        self.new_count_s, self.memory = new_count_s, memory
+        self.counts: OrderedDict[float, None] = OrderedDict()
+
+    def cost(self, tokens: float) -> float:
+        if not self.new_count_s:
+            return 0.0
+        if tokens in self.counts:
+            self.counts.move_to_end(tokens)
+            return 0.0
+        self.counts[tokens] = None
+        if len(self.counts) > self.memory:
+            self.counts.popitem(last=False)
+        return self.new_count_s
 
 
 @dataclass

@@ -24,6 +24,9 @@ profile holds the speculating server's own fit for the arm's method (a calibrati
 server), the arm's steps are costed with it. A linear model's request
 overhead (a server's HTTP and tokenizing time) delays each request's admission by that much, the
 server taking arriving requests one at a time (a wave sent at once is admitted one overhead apart).
+A linear model's cost of a new token count (a server building its kernels for a count it has not run
+lately, bench/calibrate/counts.py) is charged to each step whose token count is not among the last
+`count_memory` distinct counts the run's steps had (engine/step_fit.py RecentCounts).
 """
 
 import heapq
@@ -42,7 +45,7 @@ from specwise.engine.block_manager import BlockManager
 from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
 from specwise.engine.step_cost import StepCostModel
-from specwise.engine.step_fit import LinearStepCost, StepShape
+from specwise.engine.step_fit import LinearStepCost, RecentCounts, StepShape
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 from specwise.sim.request_acceptance import Draws, assign
@@ -124,6 +127,7 @@ class _Run:
         self.sim, self.arm, self.load = sim, arm, load
         # a linear profile may hold the speculating server's own fit for this arm's method
         self.cost = sim.cost.for_method(arm.method) if isinstance(sim.cost, LinearStepCost) else sim.cost
+        self.recent = RecentCounts(getattr(self.cost, "new_count_s", 0.0), getattr(self.cost, "count_memory", 0))
         self.duration = math.inf if duration is None else duration
         self.scheduler = Scheduler(BlockManager(sim.kv_blocks, sim.server.block_size), sim.server.max_num_seqs,
                                    sim.server.max_num_batched_tokens)
@@ -311,11 +315,11 @@ class _Run:
         """A linear model costs the flat step as it is: every row it computes, every KV token it reads,
         every attention pair (engine/step_fit.py StepShape: each sequence's rows, its drafts included,
         over its cache), every row it samples (a decode row and its drafts; a prompt chunk only at its
-        last token)."""
+        last token), and its token count where the server has not run that count lately."""
         shape = StepShape.of([new + drafts for new, drafts in zip(batch.num_new_tokens, rows)],
                              [seq.num_computed_tokens for seq in batch.seqs])
         sampled = sum(1 + rows[i] for i in range(len(batch.seqs)) if batch.samples(i))
-        seconds = float(self.cost.seconds(shape, sampled))
+        seconds = float(self.cost.seconds(shape, sampled)) + self.recent.cost(float(shape.tokens))
         if any(rows[i] for i in decode):
             seconds += self.arm.overhead_s
             if not self.tree_rows:

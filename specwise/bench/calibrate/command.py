@@ -7,6 +7,11 @@ format `specwise calibrate` writes for our engine (engine/step_profile.py): `sim
 and the recommendation read it. The residuals are printed per step; a sweep too short to fit,
 or one whose fit misses its own steps by more than MAX_MEDIAN_RESIDUAL, is refused in one line.
 
+Each endpoint's count probe (counts.py) says what a step of a token count the server has not run
+lately costs it, and how many counts it keeps: it comes off the prefill probes' TTFTs that paid it
+before the fit, the profile keeps it beside the fit, the simulator charges it (--no-count-cost: none
+of that, the sweep fitted as if the probe had not run).
+
 A prompt longer than the server's token budget is prefilled in chunks, a step each (samples.py
 `prefill_sample`): the budget comes from --max-num-batched-tokens, else from the server where it says
 (`specwise serve` does), else every probe counts as one step, and a line says so.
@@ -26,7 +31,9 @@ from pathlib import Path
 import numpy as np
 from rich.progress import Progress
 
-from specwise.bench.calibrate.sweep import Probe, SweepDesign, Wave, regroup, run_sweep, wave_tag
+from specwise.bench.calibrate.counts import CountCost, count_cost, paid
+from specwise.bench.calibrate.samples import prefill_sample
+from specwise.bench.calibrate.sweep import Probe, Sweep, SweepDesign, Wave, regroup, run_sweep, wave_tag
 from specwise.bench.load.targets.http import HttpTarget, announced_token_budget, check_endpoint
 from specwise.bench.results import read_records_file
 from specwise.engine.step_fit import Fit, FitOptions, fit
@@ -60,17 +67,18 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     targets = [HttpTarget(name=name, base_url=url, model=model, continuous_usage=True) for name, url in urls.items()]
     started = time.perf_counter()
     with Progress() as progress:
-        task = progress.add_task("calibration sweep", total=(len(design.waves()) + len(design.prefill_tokens))
-                                 * len(targets))
-        probes, waves = asyncio.run(run_sweep(targets, design, on_step=lambda: progress.advance(task)))
+        steps = len(design.waves()) + len(design.prefill_tokens) + (1 if design.count_probes else 0)
+        task = progress.add_task("calibration sweep", total=steps * len(targets))
+        sweep = asyncio.run(run_sweep(targets, design, on_step=lambda: progress.advance(task)))
     elapsed = time.perf_counter() - started
     requests = Path(output).with_suffix(".requests.jsonl")
     # kept before the fit: a sweep that does not fit can be looked at, and refitted
-    requests.write_text("".join(r.to_json() + "\n" for item in probes + waves for r in item.records),
-                        encoding="utf-8")
+    records = [r for item in sweep.probes for r in item.records] + [r for rs in sweep.counts.values() for r in rs]
+    records += [r for wave in sweep.waves for r in wave.records]
+    requests.write_text("".join(r.to_json() + "\n" for r in records), encoding="utf-8")
     calibration = {"endpoints": urls, "design": asdict(design), "seconds": round(elapsed, 1),
                    "requests": requests.name}
-    profile = _write_profile(urls, probes, waves, calibration, targets[0].model or "model?", output, options)
+    profile = _write_profile(urls, sweep, calibration, targets[0].model or "model?", output, options)
     print(f"wrote {output} (sweep {elapsed:.0f} s)")
     return profile
 
@@ -104,36 +112,62 @@ def refit(profile_path: str, output: str, options: FitOptions | None = None,
     budget = max_num_batched_tokens if max_num_batched_tokens is not None else recorded
     if budget is not None and budget < 1:
         raise ConfigError("calibrate --refit: --max-num-batched-tokens must be at least 1")
-    probes, waves = regroup(read_records_file(requests), shared, budget)
+    sweep = regroup(read_records_file(requests), shared, budget)
     calibration = calibration | {"refitted_from": str(profile_path), "requests": str(requests.resolve())}
     calibration["design"] = (calibration.get("design") or {}) | {"max_num_batched_tokens": budget}
-    refitted = _write_profile(urls, probes, waves, calibration, profile.get("model", "model?"), output, options)
+    refitted = _write_profile(urls, sweep, calibration, profile.get("model", "model?"), output, options)
     print(f"wrote {output} (refitted from {profile_path})")
     return refitted
 
 
-def _write_profile(urls: dict[str, str], probes: list[Probe], waves: list[Wave], calibration: dict, model: str,
-                   output: str, options: FitOptions | None) -> dict:
-    fits = {name: _fit(name, [w for w in waves if w.endpoint == name], [p for p in probes if p.endpoint == name],
-                       options) for name in urls}
+def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model: str, output: str,
+                   options: FitOptions | None) -> dict:
+    options = options or FitOptions()
+    counts = {name: _count_cost(name, sweep.counts.get(name)) for name in urls} if options.count_cost else {}
+    budget = calibration["design"].get("max_num_batched_tokens")
+    fits = {name: _fit(name, [w for w in sweep.waves if w.endpoint == name],
+                       [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget)
+            for name in urls}
     linear = fits[PLAIN].to_json()
     if len(urls) > 1:
         linear["drafting"] = {method: fits[method].to_json() for method in urls if method != PLAIN}
     profile = {"format": PROFILE_FORMAT, "version": 1, "machine": f"endpoint {urls[PLAIN]}", "model": model,
                "linear": linear,
-               "calibration": calibration | {"prefills": [_probe_json(probe) for probe in probes],
-                                             "waves": [_wave_json(wave) for wave in waves]}}
+               "calibration": calibration | {"prefills": [_probe_json(probe) for probe in sweep.probes],
+                                             "counts": {name: asdict(cost) for name, cost in counts.items() if cost},
+                                             "waves": [_wave_json(wave) for wave in sweep.waves]}}
     with open(output, "w", encoding="utf-8") as stream:
         json.dump(profile, stream, indent=1)
     return profile
 
 
-def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions | None = None) -> Fit:
+def _count_cost(name: str, records) -> CountCost | None:
+    """The endpoint's count probe, read (a line says what it found, or why nothing)."""
+    cost = count_cost(records) if records else None
+    if cost is None:
+        errors = [r.error for r in records or [] if r.error]
+        why = f"its requests failed ({errors[0]})" if errors else "it did not run (--count-probes 0, or the budget)"
+        print(f"endpoint {name}: no count probe, so no cost for a new token count: {why}")
+        return None
+    print(f"endpoint {name}: {cost.summary()}")
+    return cost
+
+
+def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions | None = None,
+         counts: CountCost | None = None, budget: int | None = None) -> Fit:
+    """The endpoint's fit; with a count cost, its prefill probes' TTFTs less what their new counts cost."""
     samples = [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode]
+    if counts and counts.new_count_s:
+        costs = paid([probe.records for probe in probes], counts, budget)
+        probes = [dataclasses.replace(probe, sample=prefill_sample(probe.records, budget, cost))
+                  for probe, cost in zip(probes, costs)]
+        print(f"endpoint {name}: the prefill probes' TTFTs below are less what their new token counts cost")
     samples += [probe.sample for probe in probes if probe.sample]
     dropped = sum(1 for wave in waves if not wave.steps or wave.steps.decode is None)
     try:
         result = fit(samples, options)
+        if counts and counts.new_count_s:
+            result.cost = result.cost.with_counts(counts.new_count_s, counts.memory)
     except ConfigError as error:
         raise ConfigError(f"endpoint {name}: {error}" + (f" ({dropped} waves gave no clean decode window)"
                                                         if dropped else "")) from None

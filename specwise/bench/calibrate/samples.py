@@ -111,16 +111,19 @@ def _per_step(r: RequestRecord, shared, batch_size: int) -> tuple[float, float]:
     return max(r.output_tokens - 1, 1) / steps, 1.0 + drafted / steps
 
 
-def prefill_sample(records: list[RequestRecord], max_num_batched_tokens: int | None = None) -> StepSample | None:
+def prefill_sample(records: list[RequestRecord], max_num_batched_tokens: int | None = None,
+                   paid: list[float] | None = None) -> StepSample | None:
     """Single requests of one prompt length, sent one after another: the median TTFT as the steps of
     the whole prompt (one logits row, no cached KV before it) plus the server's request overhead.
-    max_num_batched_tokens: the server's token budget, a step's most prompt tokens (None: no limit)."""
-    done = [r for r in records if not r.error and r.ttft is not None]
+    max_num_batched_tokens: the server's token budget, a step's most prompt tokens (None: no limit).
+    paid: seconds each request's steps paid for token counts the server had not run lately (counts.py),
+    taken off its TTFT first."""
+    done = [(r, paid[i] if paid else 0.0) for i, r in enumerate(records) if not r.error and r.ttft is not None]
     if not done:
         return None
-    prompt = float(np.median([r.prompt_tokens for r in done]))
+    prompt = float(np.median([r.prompt_tokens for r, _ in done]))
     chunks, cached = prompt_chunks(prompt, max_num_batched_tokens)
-    return StepSample(StepShape.of(chunks, cached), float(np.median([r.ttft for r in done])),
+    return StepSample(StepShape.of(chunks, cached), float(np.median([r.ttft - cost for r, cost in done])),
                       logits_rows=1.0, first_token=True, steps=len(chunks))
 
 

@@ -2,7 +2,9 @@
 fitted to the step-cost model the simulator reads (engine/step_fit.py).
 
 The design: first, for each prefill length, `prefill_repeats` single requests of one output
-token, one after another: a prefill step each (its TTFT). Then, for each prompt length and each
+token, one after another: a prefill step each (its TTFT). Then the count probe (counts.py): single
+requests of `count_probes` new token counts and the same counts again, what a step of a token count
+the server has not run lately costs it. Then, for each prompt length and each
 batch size, one wave of `batch_size` requests sent together, prompts of that length (cut from the
 suite categories' texts in turn, bench/inputs/synthetic.py), outputs forced to `output_tokens` (ignore_eos
 with min_tokens = max_tokens, as trace replay sends them): a decode step at that batch size and
@@ -45,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specwise.bench.calibrate.counts import COUNT_RANGE, COUNT_TAG, MIN_RUN, count_requests
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.inputs.suite import CATEGORIES, check_categories
@@ -71,6 +74,7 @@ class SweepDesign:
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     window_seed: int | None = None       # where the sweep's prompt windows start; None: a fresh place
     max_num_batched_tokens: int | None = None   # the server's token budget: a longer probe runs in chunks
+    count_probes: int = 48               # new token counts the count probe runs (counts.py); 0: no probe
 
     def __post_init__(self):
         self.categories = check_categories(self.categories)
@@ -91,6 +95,9 @@ class SweepDesign:
             raise ConfigError("calibrate --endpoint: --prefill-repeats must be at least 1")
         if self.budget_s <= 0:
             raise ConfigError("calibrate --endpoint: --budget must be positive seconds")
+        most = COUNT_RANGE[1] - COUNT_RANGE[0] - len(self.prefill_tokens) * self.prefill_repeats
+        if self.count_probes and not 2 * MIN_RUN <= self.count_probes <= most:
+            raise ConfigError(f"calibrate --endpoint: --count-probes must be 0 (no probe) or {2 * MIN_RUN}..{most}")
 
     def waves(self) -> list[tuple[int, int]]:
         """(batch size, prompt tokens), cheapest first."""
@@ -109,6 +116,15 @@ class Wave:
 
 
 @dataclass
+class Sweep:
+    """What a sweep measured: the prefill probes, each endpoint's count probe (its records in send order)
+    and the waves."""
+    probes: list["Probe"] = field(default_factory=list)
+    counts: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    waves: list[Wave] = field(default_factory=list)
+
+
+@dataclass
 class Probe:
     """Single requests of one prompt length, one after another: a prefill step each."""
     endpoint: str
@@ -118,14 +134,14 @@ class Probe:
 
 
 async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
-                    on_step: Callable[[], None] | None = None) -> tuple[list[Probe], list[Wave]]:
-    """The prefill probes, then every wave of the design, against every target, within the budget
-    (warm-up included). on_step: called after each probe and each wave."""
+                    on_step: Callable[[], None] | None = None) -> Sweep:
+    """The prefill probes, the count probe, then every wave of the design, against every target, within
+    the budget (warm-up included). on_step: called after each probe and each wave."""
     started = time.perf_counter()
     deadline = started + design.budget_s
     for target in targets:
         await target.start()
-    probes, waves = [], []
+    sweep = Sweep()
     windows = _Windows(design)
     try:
         for target in targets:
@@ -135,30 +151,35 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
             for target in targets:
                 singles = windows.requests(design.prefill_repeats, prompt_tokens, 1, probe_tag(prompt_tokens),
                                            turn, one_category=True)
-                records = []
-                for single in singles:
-                    if time.perf_counter() >= deadline:
-                        return probes, waves
-                    records += await _send(target, [single], started, deadline)
-                probes.append(Probe(target.name, prompt_tokens, records,
-                                    prefill_sample(records, design.max_num_batched_tokens)))
+                records = await _one_by_one(target, singles, started, deadline)
+                sweep.probes.append(Probe(target.name, prompt_tokens, records,
+                                          prefill_sample(records, design.max_num_batched_tokens)))
+                if time.perf_counter() >= deadline:
+                    return sweep
                 if on_step:
                     on_step()
+        for index, target in enumerate(targets if design.count_probes else []):
+            seen = {r.prompt_tokens for probe in sweep.probes if probe.endpoint == target.name for r in probe.records}
+            singles = count_requests(design.count_probes, design.window_seed + index, seen)
+            sweep.counts[target.name] = await _one_by_one(target, singles, started, deadline)
+            if time.perf_counter() >= deadline:
+                return sweep
+            if on_step:
+                on_step()
         for turn, (batch_size, prompt_tokens) in enumerate(design.waves()):
             for target in targets:
                 if time.perf_counter() >= deadline:
-                    return probes, waves
+                    return sweep
                 before = await target.server_acceptance()
                 requests = windows.requests(batch_size, prompt_tokens, design.output_tokens,
                                             wave_tag(batch_size, prompt_tokens), turn)
                 records = await _send(target, requests, started, deadline)
                 shared = _shared_drafts(before, await target.server_acceptance(), records)
-                wave = Wave(target.name, batch_size, prompt_tokens, records, wave_steps(records, batch_size, shared),
-                            shared)
-                waves.append(wave)
+                sweep.waves.append(Wave(target.name, batch_size, prompt_tokens, records,
+                                        wave_steps(records, batch_size, shared), shared))
                 if on_step:
                     on_step()
-        return probes, waves
+        return sweep
     finally:
         for target in targets:
             await target.close()
@@ -175,22 +196,24 @@ def wave_tag(batch_size: int | str, prompt_tokens: int | str) -> str:
 
 
 def regroup(records: list[RequestRecord], shared_drafts: dict[tuple[str, str], tuple[float, float]],
-            max_num_batched_tokens: int | None = None) -> tuple[list[Probe], list[Wave]]:
-    """A recorded sweep's probes and waves again, from its requests' records in send order (`calibrate
-    --refit`). shared_drafts: (endpoint, wave tag) -> the server's (drafted, accepted) over that wave;
+            max_num_batched_tokens: int | None = None) -> Sweep:
+    """A recorded sweep again, from its requests' records in send order (`calibrate --refit`).
+    shared_drafts: (endpoint, wave tag) -> the server's (drafted, accepted) over that wave;
     max_num_batched_tokens: the server's token budget (prefill_sample)."""
     groups: dict[tuple[str, str], list[RequestRecord]] = {}
     for record in records:
         groups.setdefault((record.arm, record.request_id.rsplit("-", 1)[0]), []).append(record)
-    probes, waves = [], []
+    sweep = Sweep()
     for (endpoint, tag), group in groups.items():
         if match := re.fullmatch(probe_tag(r"(\d+)"), tag):
-            probes.append(Probe(endpoint, int(match[1]), group, prefill_sample(group, max_num_batched_tokens)))
+            sweep.probes.append(Probe(endpoint, int(match[1]), group, prefill_sample(group, max_num_batched_tokens)))
+        elif tag == COUNT_TAG:
+            sweep.counts[endpoint] = group
         elif match := re.fullmatch(wave_tag(r"(\d+)", r"(\d+)"), tag):
             batch_size, drafts = int(match[1]), shared_drafts.get((endpoint, tag))
-            waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts),
-                              drafts))
-    return probes, waves
+            sweep.waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts),
+                                    drafts))
+    return sweep
 
 
 class _Windows:
@@ -214,6 +237,17 @@ class _Windows:
                for name in {shell.category for shell in shells}}
         self.next_window += batch_size
         return [next(cut[shell.category]) for shell in shells]
+
+
+async def _one_by_one(target: HttpTarget, singles: list[WorkloadRequest], started: float,
+                      deadline: float) -> list[RequestRecord]:
+    """Each request after the one before has ended; none sent past the deadline."""
+    records = []
+    for single in singles:
+        if time.perf_counter() >= deadline:
+            break
+        records += await _send(target, [single], started, deadline)
+    return records
 
 
 async def _send(target: HttpTarget, requests: list[WorkloadRequest], started: float,

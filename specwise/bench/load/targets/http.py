@@ -124,6 +124,8 @@ class HttpTarget:
             body["model"] = self.model
         if chat:
             body["messages"] = request.messages or [{"role": "user", "content": request.prompt}]
+        elif request.extra.get("prompt_token_ids"):
+            body["prompt"] = list(request.extra["prompt_token_ids"])        # a completion prompt may be token ids
         else:
             body["prompt"] = request.prompt or "\n\n".join(m["content"] for m in request.messages)
         if request.ignore_eos:
