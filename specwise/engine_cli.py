@@ -98,9 +98,9 @@ def register_calibrate(subparsers) -> None:
                           help="prompt lengths of the single requests that time a prefill each, comma-separated")
     endpoint.add_argument("--prefill-repeats", type=int, default=3, help="single requests per prefill length "
                                                                         "(median kept)")
-    endpoint.add_argument("--count-probes", type=int, default=48,
-                          help="new token counts the count probe runs, each twice (what a step of a count the "
-                               "server has not run lately costs; 0: no probe)")
+    endpoint.add_argument("--count-probes", type=int, default=32,
+                          help="token counts the count probe runs, then revisits each beside a new one (what a "
+                               "step of a count the server has not run lately costs; 0: no probe)")
     endpoint.add_argument("--budget", type=float, default=180.0, help="seconds for the whole sweep, warm-up included")
     endpoint.add_argument("--categories", default="all",
                           help="suite categories the prompts are cut from, in turn within each wave (comma-separated)")

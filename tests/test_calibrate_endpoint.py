@@ -157,7 +157,7 @@ def test_recovers_what_a_new_token_count_costs_and_how_many_the_server_keeps(cou
     recovers the step's coefficients as on a server without the cost, and the simulator reads both back.
     With --no-count-cost the same sweep is fitted as before the probe existed, no count cost kept."""
     path, plain = tmp_path / "profile.json", tmp_path / "plain.json"
-    assert main(["calibrate", "--endpoint", count_server[0], *SWEEP, "--count-probes", "40",
+    assert main(["calibrate", "--endpoint", count_server[0], *SWEEP, "--count-probes", "20",
                  "--output", str(path)]) == 0
     out = capsys.readouterr().out
     data = json.loads(path.read_text())
@@ -169,7 +169,7 @@ def test_recovers_what_a_new_token_count_costs_and_how_many_the_server_keeps(cou
         assert fitted[key] == pytest.approx(known, rel=TOLERANCE), key
     assert 0 < fitted["request_overhead_s"] < NEW_COUNT
     assert f"a step of a token count not among the last 16 run costs {fitted['new_count_s'] * 1e3:.1f} ms more" in out
-    assert data["calibration"]["counts"]["off"]["probed"] == 40
+    assert data["calibration"]["counts"]["off"]["probed"] == 20
     cost = load_step_cost(path)
     assert (cost.new_count_s, cost.count_memory) == (fitted["new_count_s"], COUNT_MEMORY)
     assert main(["calibrate", "--refit", str(path), "--no-count-cost", "--output", str(plain)]) == 0
@@ -179,27 +179,40 @@ def test_recovers_what_a_new_token_count_costs_and_how_many_the_server_keeps(cou
 
 
 def test_the_count_probe_by_hand():
-    """counts.py's worked example: d = 12, 14, 11, 13, 1, -2, 0, 1 ms at j = 0..7 -> memory 4, 12 ms. Every
-    revisit quick: a cost with a memory of at least the probe's counts; none quick: no cost. The requests:
-    distinct counts, then the same in reverse, token ids of each count, none of the counts to avoid."""
-    def probe(d_ms):
+    """counts.py's worked example: d = 12, 14, 11, 13, 1, -2, 0, 1 ms at j = 0..7 -> the step after j = 3,
+    memory 8 counts, 12 ms. A drift over the probe (every later request slower) moves nothing: each revisit
+    is held against the fresh count beside it. Every revisit quick: a cost with a memory of at least the
+    probe's; none quick: no cost. The requests: distinct even counts, then each again beside itself + 1,
+    token ids of each count, none of the counts to avoid."""
+    def probe(d_ms, drift=0.0):
+        """Fresh counts 40, 42, ... at 50 ms + 0.1 ms a token; revisit j quick by d_j; drift s a request."""
         m = len(d_ms)
-        # fresh[i] is revisited (m - 1 - i)-th: its TTFT is 50 ms + d of that revisit, every revisit 50 ms
-        fresh = [record(i, i, 0.05 + d_ms[m - 1 - i] / 1e3, 0.01, 1) for i in range(m)]
-        return fresh + [record(m + j, m + j, 0.05, 0.01, 1) for j in range(m)]
-    stepped = count_cost(probe([12, 14, 11, 13, 1, -2, 0, 1]))
-    assert (stepped.new_count_s, stepped.memory, stepped.bounded) == (pytest.approx(0.012), 4, True)
+        counts = [40 + 2 * i for i in range(m)]
+        ttft = lambda n, i: 0.05 + 1e-4 * n + drift * i
+        records = [record(i, i, ttft(n, i), 0.01, 1, prompt=n) for i, n in enumerate(counts)]
+        for j, n in enumerate(counts[::-1]):
+            i = m + 2 * j
+            records += [record(i, i, ttft(n, i) - d_ms[j] / 1e3, 0.01, 1, prompt=n),
+                        record(i + 1, i + 1, ttft(n + 1, i + 1), 0.01, 1, prompt=n + 1)]
+        return records
+    d = [12, 14, 11, 13, 1, -2, 0, 1]
+    stepped = count_cost(probe(d))
+    assert (stepped.new_count_s, stepped.memory, stepped.bounded) == (pytest.approx(0.012), 8, True)
+    drifting = count_cost(probe(d, drift=0.002))
+    assert (drifting.new_count_s, drifting.memory) == (pytest.approx(0.012), 8)
     rng = np.random.default_rng(0)
     kept = count_cost(probe(list(10 + rng.normal(0, 1, 24))))
-    assert kept.new_count_s == pytest.approx(0.010, abs=0.001) and (kept.memory, kept.bounded) == (24, False)
-    assert "at least 24" in kept.summary()
+    assert kept.new_count_s == pytest.approx(0.010, abs=0.001) and (kept.memory, kept.bounded) == (48, False)
+    assert "at least 48" in kept.summary()
     assert count_cost(probe(list(rng.normal(0, 1, 24)))).new_count_s == 0
-    assert count_cost(probe([12, 14, 1])) is None                  # too few pairs
+    assert count_cost(probe([12, 14, 1, 0])) is None                  # too few revisits
+    assert count_cost(probe(d)[:-1]) is None                           # cut short by the budget
     requests = count_requests(20, seed=3, avoid={50, 51})
     counts = [r.prompt_tokens for r in requests]
-    assert counts[:20] == counts[20:][::-1] and len(set(counts)) == 20 and not {50, 51} & set(counts)
+    fresh, again = counts[:20], counts[20:]
+    assert again[0::2] == fresh[::-1] and again[1::2] == [n + 1 for n in fresh[::-1]]
+    assert len(set(counts)) == 40 and not {50, 51} & set(counts) and all(n % 2 == 0 for n in fresh)
     assert all(len(r.extra["prompt_token_ids"]) == r.prompt_tokens for r in requests)
-    assert requests[0].extra["prompt_token_ids"] != requests[-1].extra["prompt_token_ids"]     # no shared prefix
     with pytest.raises(ConfigError, match="count-probes"):
         SweepDesign(count_probes=2)
 

@@ -146,7 +146,8 @@ def _count_cost(name: str, records) -> CountCost | None:
     cost = count_cost(records) if records else None
     if cost is None:
         errors = [r.error for r in records or [] if r.error]
-        why = f"its requests failed ({errors[0]})" if errors else "it did not run (--count-probes 0, or the budget)"
+        why = (f"its requests failed ({errors[0]})" if errors else
+               "it did not finish within the budget" if records else "it did not run (--count-probes 0, or the budget)")
         print(f"endpoint {name}: no count probe, so no cost for a new token count: {why}")
         return None
     print(f"endpoint {name}: {cost.summary()}")

@@ -8,24 +8,32 @@ single token-id prompts (2026-12-05): 87.8 ms against 73.2 at 64 tokens, 130.1 a
 and with the prompt chunks in it, so many steps pay that; the calibration's waves, a fixed batch
 decoding step after step, almost never do, and its prefill probes always do.
 
-The probe: M single requests of distinct token counts L_1..L_M, one after another, each count the
-first time in this sweep ("fresh"), then the same counts again in reverse order, L_M first
-("again"). At the revisit of L_{M-j}, j other counts have run since L_{M-j} first did: it is quick
-while j is within the server's memory of counts, and pays the build again from there on. So with
-d_j = TTFT fresh - TTFT again of the count revisited j-th:
+The probe, single requests one after another, each of one output token:
 
-    memory       = the j where d steps down (the split of d into a higher then a lower run that
-                   leaves the least squared error), M when it does not step down within the probe
-    new_count_s  = median(d before the step) - median(d after it) (0 after it when there is no step)
+    fresh L_1 .. L_M;  then for j = 0 .. M-1:  again L_{M-j}, fresh N_j = L_{M-j} + 1
+
+At the revisit of L_{M-j}, 2 j other counts have run since its first time (L_{M-j+1} .. L_M and
+N_0 .. N_{j-1}): it is quick while 2 j is within the server's memory of counts, and pays the build
+again from there on. Each revisit is held against the fresh count run right after it, one token
+longer (so a server that drifts over the probe moves both alike; a first probe design that held
+each revisit against its own fresh run, up to 2 M requests earlier, saw our server 5-30 ms slower
+in the second half for no count's sake): d_j = TTFT of N_j - TTFT of the again L_{M-j}, less
+the token's own cost (the slope of the fresh runs' TTFT in their length). Then
+
+    memory       = 2 j at the j where d steps down (the split of d into a higher then a lower run,
+                   MIN_RUN or more each, with the least absolute deviation about the runs' medians);
+                   2 M where it does not step down within the probe ("at least")
+    new_count_s  = median(d before the step) - median(d after it) (median(d) where there is no step)
 
 and no cost at all (0) when that is within the noise: under NOISE_FACTOR standard errors, the noise
-taken from the d's spread about their runs' medians. Worked example, d = 12, 14, 11, 13, 1, -2, 0,
-1 ms: memory 4 counts, cost 12.5 - 0.5 = 12 ms.
+taken from d's spread about its runs' medians. Worked example, d = 12, 14, 11, 13, 1, -2, 0, 1 ms at
+j = 0..7: the step after j = 3, memory 8 counts, cost 12.5 - 0.5 = 12 ms.
 
 A prompt of a given token count is sent as token ids (a completion prompt may be a list of them):
 random ids, so that no two prompts share a prefix a prefix cache could reuse; ids in ID_RANGE, past
 the special tokens at the bottom of common vocabularies and within every vocabulary's size. The
-counts are drawn from COUNT_RANGE, apart from those the sweep's prefill probes ran.
+counts L are even counts drawn from COUNT_RANGE (short prompts: a TTFT's jitter grows with it),
+apart from those the sweep's prefill probes ran, so that no N is an L.
 
 The prefill probes before it paid the cost wherever their prompt's token count was new (`paid`: a
 probe's first request of a count always, its repeats where their counts differ, text cut by characters
@@ -44,51 +52,59 @@ from specwise.bench.results import RequestRecord
 from specwise.engine.step_fit import RecentCounts
 
 COUNT_TAG = "counts"
-COUNT_RANGE = (40, 240)        # prompt token counts the probe draws from: short prefills, little jitter
+COUNT_RANGE = (16, 144)        # prompt token counts the probe draws its L from (even ones)
 ID_RANGE = (100, 10_000)
 NOISE_FACTOR = 4.0
-MIN_RUN = 2                    # counts on each side of a step
+MIN_RUN = 3                    # revisits on each side of a step
+MAX_COUNT_PROBES = 40          # of COUNT_RANGE's 64 even counts, some taken by the prefill probes
 
 
 @dataclass(frozen=True)
 class CountCost:
     new_count_s: float          # seconds a step pays for a token count not among the last `memory` run
-    memory: int                 # distinct token counts the server keeps kernels for (at least, where it is M)
-    probed: int                 # M: counts the probe ran
+    memory: int                 # distinct token counts the server keeps kernels for (at least, where not bounded)
+    bounded: bool               # the memory was seen to end within the probe
+    probed: int                 # M: counts the probe revisited
     noise_s: float              # the standard error the cost was held against
-
-    @property
-    def bounded(self) -> bool:
-        """The memory was seen to end within the probe (else it holds at least `probed` counts)."""
-        return self.memory < self.probed
 
     def summary(self) -> str:
         if not self.new_count_s:
             return (f"a step of a new token count costs no more than one run lately (within {self.noise_s * 1e3:.1f} "
-                    f"ms of noise, {self.probed} counts)")
+                    f"ms of noise, {self.probed} counts revisited)")
         memory = f"{self.memory}" if self.bounded else f"at least {self.memory}"
         return (f"a step of a token count not among the last {memory} run costs {self.new_count_s * 1e3:.1f} ms more "
-                f"(noise {self.noise_s * 1e3:.1f} ms, {self.probed} counts)")
+                f"(noise {self.noise_s * 1e3:.1f} ms, {self.probed} counts revisited)")
+
+
+def probe_counts(count_probes: int, seed: int, avoid: set[int]) -> list[int]:
+    """The probe's token counts in send order: L_1 .. L_M, then again L_{M-j} and N_j = L_{M-j} + 1 in turn."""
+    evens = [n for n in range(COUNT_RANGE[0], COUNT_RANGE[1], 2) if n not in avoid and n + 1 not in avoid]
+    counts = random.Random(seed).sample(evens, count_probes)
+    return counts + [n for count in counts[::-1] for n in (count, count + 1)]
 
 
 def count_requests(count_probes: int, seed: int, avoid: set[int]) -> list[WorkloadRequest]:
-    """The probe's 2 M requests in send order (fresh L_1..L_M, then again L_M..L_1), one output token each."""
+    """The probe's 3 M requests in send order, one output token each, prompts of random token ids."""
     rng = random.Random(seed)
-    counts = rng.sample([n for n in range(*COUNT_RANGE) if n not in avoid], count_probes)
-    order = counts + counts[::-1]
     return [WorkloadRequest(request_id=f"{COUNT_TAG}-{i}", category="counts", max_tokens=1, prompt_tokens=n,
                             extra={"prompt_token_ids": [rng.randrange(*ID_RANGE) for _ in range(n)]})
-            for i, n in enumerate(order)]
+            for i, n in enumerate(probe_counts(count_probes, seed, avoid))]
 
 
 def count_cost(records: list[RequestRecord]) -> CountCost | None:
-    """The probe's records in send order -> what a new count costs; None when too few pairs came back."""
-    half = len(records) // 2
-    fresh, again = records[:half], records[half:2 * half][::-1]       # again[i] revisits fresh[i]
-    pairs = [(a.ttft - b.ttft) for a, b in zip(fresh, again)
-             if not a.error and not b.error and a.ttft is not None and b.ttft is not None]
-    # d_j: j other counts ran since the revisited count's first time (fresh[i] is revisited (M - 1 - i)-th)
-    d = np.array(pairs[::-1])
+    """The probe's records in send order -> what a new count costs; None when it did not finish (the
+    sweep's budget) or too few revisits came back."""
+    if len(records) % 3:
+        return None
+    m = len(records) // 3
+    ok = [not r.error and r.ttft is not None for r in records[:3 * m]]
+    fresh = [(r.prompt_tokens, r.ttft) for r, good in zip(records[:m], ok) if good]
+    if len(fresh) < 2 or len({n for n, _ in fresh}) < 2:
+        return None
+    slope = np.polyfit(*zip(*fresh), 1)[0]                  # seconds a prompt token, over the fresh runs
+    # d_j: the fresh count run right after the revisit, less its extra token, less the revisit
+    d = np.array([records[m + 2 * j + 1].ttft - slope - records[m + 2 * j].ttft for j in range(m)
+                  if ok[m + 2 * j] and ok[m + 2 * j + 1]])
     if len(d) < 2 * MIN_RUN:
         return None
     split = _step(d)
@@ -96,23 +112,24 @@ def count_cost(records: list[RequestRecord]) -> CountCost | None:
         before, after = d[:split], d[split:]
         step, noise = float(np.median(before) - np.median(after)), _noise(before, after)
         if step > NOISE_FACTOR * noise:
-            return CountCost(step, split, len(d), noise)
-    # no step within the probe: every revisit was quick (a cost, memory at least M) or none was (no cost)
+            return CountCost(step, 2 * split, True, len(d), noise)
+    # no step within the probe: every revisit was quick (a cost, the memory at least the probe's) or none was
     level, noise = float(np.median(d)), _noise(d)
-    return CountCost(level if level > NOISE_FACTOR * noise else 0.0, len(d), len(d), noise)
+    return CountCost(level if level > NOISE_FACTOR * noise else 0.0, 2 * len(d), False, len(d), noise)
 
 
 def _step(d: np.ndarray) -> int | None:
-    """Where d steps down: the split into a higher run then a lower one, MIN_RUN or more each, that
-    leaves the least squared error about the runs' medians; None where no split steps down."""
+    """Where d steps down: the split into a higher run then a lower one, MIN_RUN or more each, that leaves
+    the least absolute deviation about the runs' medians (one wild revisit moves no median); None where
+    no split steps down."""
     best, where = np.inf, None
     for split in range(MIN_RUN, len(d) - MIN_RUN + 1):
         before, after = d[:split], d[split:]
         if np.median(before) <= np.median(after):
             continue
-        error = float(np.sum((before - np.median(before)) ** 2) + np.sum((after - np.median(after)) ** 2))
-        if error < best:
-            best, where = error, split
+        deviation = float(np.sum(np.abs(before - np.median(before))) + np.sum(np.abs(after - np.median(after))))
+        if deviation < best:
+            best, where = deviation, split
     return where
 
 

@@ -3,8 +3,8 @@ fitted to the step-cost model the simulator reads (engine/step_fit.py).
 
 The design: first, for each prefill length, `prefill_repeats` single requests of one output
 token, one after another: a prefill step each (its TTFT). Then the count probe (counts.py): single
-requests of `count_probes` new token counts and the same counts again, what a step of a token count
-the server has not run lately costs it. Then, for each prompt length and each
+requests of `count_probes` new token counts, then each again beside a new one, what a step of a token
+count the server has not run lately costs it. Then, for each prompt length and each
 batch size, one wave of `batch_size` requests sent together, prompts of that length (cut from the
 suite categories' texts in turn, bench/inputs/synthetic.py), outputs forced to `output_tokens` (ignore_eos
 with min_tokens = max_tokens, as trace replay sends them): a decode step at that batch size and
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specwise.bench.calibrate.counts import COUNT_RANGE, COUNT_TAG, MIN_RUN, count_requests
+from specwise.bench.calibrate.counts import COUNT_TAG, MAX_COUNT_PROBES, MIN_RUN, count_requests
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, wave_steps
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.inputs.suite import CATEGORIES, check_categories
@@ -74,7 +74,7 @@ class SweepDesign:
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     window_seed: int | None = None       # where the sweep's prompt windows start; None: a fresh place
     max_num_batched_tokens: int | None = None   # the server's token budget: a longer probe runs in chunks
-    count_probes: int = 48               # new token counts the count probe runs (counts.py); 0: no probe
+    count_probes: int = 32               # token counts the count probe revisits (counts.py); 0: no probe
 
     def __post_init__(self):
         self.categories = check_categories(self.categories)
@@ -95,9 +95,9 @@ class SweepDesign:
             raise ConfigError("calibrate --endpoint: --prefill-repeats must be at least 1")
         if self.budget_s <= 0:
             raise ConfigError("calibrate --endpoint: --budget must be positive seconds")
-        most = COUNT_RANGE[1] - COUNT_RANGE[0] - len(self.prefill_tokens) * self.prefill_repeats
-        if self.count_probes and not 2 * MIN_RUN <= self.count_probes <= most:
-            raise ConfigError(f"calibrate --endpoint: --count-probes must be 0 (no probe) or {2 * MIN_RUN}..{most}")
+        if self.count_probes and not 2 * MIN_RUN <= self.count_probes <= MAX_COUNT_PROBES:
+            raise ConfigError(f"calibrate --endpoint: --count-probes must be 0 (no probe) or "
+                              f"{2 * MIN_RUN}..{MAX_COUNT_PROBES}")
 
     def waves(self) -> list[tuple[int, int]]:
         """(batch size, prompt tokens), cheapest first."""
