@@ -98,9 +98,11 @@ def register_calibrate(subparsers) -> None:
                           help="prompt lengths of the single requests that time a prefill each, comma-separated")
     endpoint.add_argument("--prefill-repeats", type=int, default=3, help="single requests per prefill length "
                                                                         "(median kept)")
-    endpoint.add_argument("--count-probes", type=int, default=32,
+    endpoint.add_argument("--count-probes", type=int, default=0,
                           help="token counts the count probe runs, then revisits each beside a new one (what a "
-                               "step of a count the server has not run lately costs; 0: no probe)")
+                               "step of a count the server has not run lately costs; e.g. 32, about 10 s a "
+                               "server; 0: no probe, as the cost was 0-5 ms on the servers measured and charging "
+                               "it made no replay better, docs/calculators.md)")
     endpoint.add_argument("--budget", type=float, default=180.0, help="seconds for the whole sweep, warm-up included")
     endpoint.add_argument("--categories", default="all",
                           help="suite categories the prompts are cut from, in turn within each wave (comma-separated)")

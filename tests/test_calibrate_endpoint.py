@@ -203,7 +203,7 @@ def test_the_count_probe_by_hand():
     rng = np.random.default_rng(0)
     kept = count_cost(probe(list(10 + rng.normal(0, 1, 24))))
     assert kept.new_count_s == pytest.approx(0.010, abs=0.001) and (kept.memory, kept.bounded) == (48, False)
-    assert "at least 48" in kept.summary()
+    assert "keeps at least 48 counts" in kept.summary()
     assert count_cost(probe(list(rng.normal(0, 1, 24)))).new_count_s == 0
     assert count_cost(probe([12, 14, 1, 0])) is None                  # too few revisits
     assert count_cost(probe(d)[:-1]) is None                           # cut short by the budget

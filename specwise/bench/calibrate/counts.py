@@ -8,6 +8,11 @@ single token-id prompts (2026-12-05): 87.8 ms against 73.2 at 64 tokens, 130.1 a
 and with the prompt chunks in it, so many steps pay that; the calibration's waves, a fixed batch
 decoding step after step, almost never do, and its prefill probes always do.
 
+What it found (docs/calculators.md, 2026-12-06, 2-core VM, counts of 16-143 tokens): 2-5 ms a new
+count on our eager server (a memory of 14 counts to more than 62), 3-4 ms or nothing on vLLM for CPU
+0.32 (more than 62), and replays charging it no better than replays without. So the probe runs only
+where asked (`calibrate --endpoint --count-probes 32`).
+
 The probe, single requests one after another, each of one output token:
 
     fresh L_1 .. L_M;  then for j = 0 .. M-1:  again L_{M-j}, fresh N_j = L_{M-j} + 1
@@ -71,9 +76,12 @@ class CountCost:
         if not self.new_count_s:
             return (f"a step of a new token count costs no more than one run lately (within {self.noise_s * 1e3:.1f} "
                     f"ms of noise, {self.probed} counts revisited)")
-        memory = f"{self.memory}" if self.bounded else f"at least {self.memory}"
-        return (f"a step of a token count not among the last {memory} run costs {self.new_count_s * 1e3:.1f} ms more "
-                f"(noise {self.noise_s * 1e3:.1f} ms, {self.probed} counts revisited)")
+        noise = f"noise {self.noise_s * 1e3:.1f} ms, {self.probed} counts revisited"
+        if self.bounded:
+            return (f"a step of a token count not among the last {self.memory} run costs "
+                    f"{self.new_count_s * 1e3:.1f} ms more ({noise})")
+        return (f"a step of a token count not run before costs {self.new_count_s * 1e3:.1f} ms more (the server keeps "
+                f"at least {self.memory} counts: it forgot none of the probe's; {noise})")
 
 
 def probe_counts(count_probes: int, seed: int, avoid: set[int]) -> list[int]:

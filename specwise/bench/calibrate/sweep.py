@@ -2,9 +2,9 @@
 fitted to the step-cost model the simulator reads (engine/step_fit.py).
 
 The design: first, for each prefill length, `prefill_repeats` single requests of one output
-token, one after another: a prefill step each (its TTFT). Then the count probe (counts.py): single
-requests of `count_probes` new token counts, then each again beside a new one, what a step of a token
-count the server has not run lately costs it. Then, for each prompt length and each
+token, one after another: a prefill step each (its TTFT). Then, where asked (`count_probes`), the
+count probe (counts.py): single requests of that many new token counts, then each again beside a new
+one, what a step of a token count the server has not run lately costs it. Then, for each prompt length and each
 batch size, one wave of `batch_size` requests sent together, prompts of that length (cut from the
 suite categories' texts in turn, bench/inputs/synthetic.py), outputs forced to `output_tokens` (ignore_eos
 with min_tokens = max_tokens, as trace replay sends them): a decode step at that batch size and
@@ -41,6 +41,7 @@ one at a time: the first sweep's probes predicted its TTFT 6% high, the second's
 """
 
 import asyncio
+import gc
 import random
 import re
 import time
@@ -74,7 +75,7 @@ class SweepDesign:
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     window_seed: int | None = None       # where the sweep's prompt windows start; None: a fresh place
     max_num_batched_tokens: int | None = None   # the server's token budget: a longer probe runs in chunks
-    count_probes: int = 32               # token counts the count probe revisits (counts.py); 0: no probe
+    count_probes: int = 0                # token counts the count probe revisits (counts.py, e.g. 32); 0: no probe
 
     def __post_init__(self):
         self.categories = check_categories(self.categories)
@@ -137,6 +138,11 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                     on_step: Callable[[], None] | None = None) -> Sweep:
     """The prefill probes, the count probe, then every wave of the design, against every target, within
     the budget (warm-up included). on_step: called after each probe and each wave."""
+    # the client's own pauses delay the chunks' timestamps: a full garbage collection over everything the
+    # process has imported, mid-wave, made a wave's first chunks look late and its step 12% fast (the
+    # fake engine's, in a test run beside other test modules); frozen, a collection walks the sweep's objects
+    gc.collect()
+    gc.freeze()
     started = time.perf_counter()
     deadline = started + design.budget_s
     for target in targets:
@@ -183,6 +189,7 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
     finally:
         for target in targets:
             await target.close()
+        gc.unfreeze()
 
 
 def probe_tag(prompt_tokens: int | str) -> str:
