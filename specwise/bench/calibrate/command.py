@@ -123,7 +123,8 @@ def refit(profile_path: str, output: str, options: FitOptions | None = None,
 def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model: str, output: str,
                    options: FitOptions | None) -> dict:
     options = options or FitOptions()
-    counts = {name: _count_cost(name, sweep.counts.get(name)) for name in urls} if options.count_cost else {}
+    asked = options.count_cost and bool(calibration["design"].get("count_probes"))
+    counts = {name: _count_cost(name, sweep.counts.get(name)) for name in urls} if asked else {}
     budget = calibration["design"].get("max_num_batched_tokens")
     fits = {name: _fit(name, [w for w in sweep.waves if w.endpoint == name],
                        [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget)
@@ -146,8 +147,7 @@ def _count_cost(name: str, records) -> CountCost | None:
     cost = count_cost(records) if records else None
     if cost is None:
         errors = [r.error for r in records or [] if r.error]
-        why = (f"its requests failed ({errors[0]})" if errors else
-               "it did not finish within the budget" if records else "it did not run (--count-probes 0, or the budget)")
+        why = f"its requests failed ({errors[0]})" if errors else "it did not finish within the budget"
         print(f"endpoint {name}: no count probe, so no cost for a new token count: {why}")
         return None
     print(f"endpoint {name}: {cost.summary()}")

@@ -47,7 +47,7 @@ class HttpTarget:
         if not self.base_url.startswith(("http://", "https://")):
             raise ConfigError(f"endpoint {self.name!r}: URL must start with http:// or https://, "
                               f"got {self.base_url!r}")
-        self.root = self.base_url.rstrip("/").removesuffix("/v1")
+        self.root = server_root(self.base_url)
         self.metrics_url = self.metrics_url or f"{self.root}/metrics"
 
     async def start(self) -> None:
@@ -141,9 +141,14 @@ class HttpTarget:
             return None
 
 
+def server_root(base_url: str) -> str:
+    """http://h:8000/v1/ -> http://h:8000: where /health, /metrics and /v1/... hang."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
 async def check_endpoint(name: str, base_url: str, headers: dict | None = None) -> None:
     """Before measuring: any HTTP answer from the endpoint will do; no answer stops the run."""
-    root = base_url.rstrip("/").removesuffix("/v1")
+    root = server_root(base_url)
     if not root.startswith(("http://", "https://")):
         raise ConfigError(f"endpoint {name!r}: URL must start with http:// or https://, got {base_url!r}")
     try:
@@ -157,7 +162,7 @@ async def check_endpoint(name: str, base_url: str, headers: dict | None = None) 
 async def announced_token_budget(base_url: str, headers: dict | None = None) -> int | None:
     """The most tokens a step of the server takes, where it says (`specwise serve`'s /health does;
     vLLM and SGLang publish theirs nowhere a client can read): None when it does not."""
-    root = base_url.rstrip("/").removesuffix("/v1")
+    root = server_root(base_url)
     try:
         async with httpx.AsyncClient(timeout=10.0, headers=headers or {}) as client:
             said = (await client.get(f"{root}/health")).json()
