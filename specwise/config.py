@@ -52,6 +52,10 @@ class EngineConfig:
     step_profile: str | None = field(
         default=None, metadata={"help": "step-cost profile from `specwise calibrate` for --speculative-policy auto "
                                         "(default: measured at start-up)"})
+    step_log: str | None = field(
+        default=None, metadata={"help": "append every step's shape and seconds to this file, a JSON line each "
+                                        "(engine/step_log.py; benchmarks/step_log_check.py holds a profile "
+                                        "against them)"})
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

@@ -109,6 +109,11 @@ def register_calibrate(subparsers) -> None:
     endpoint.add_argument("--refit", metavar="PROFILE",
                           help="fit a recorded sweep again (a profile calibrate --endpoint wrote, with the requests "
                                "it kept beside it), no server needed; writes --output")
+    endpoint.add_argument("--kv-reads", metavar="GROUP/BLOCK", default=None,
+                          help="how the server's attention reads its KV cache: GROUP sequences at a time to the "
+                               "longest's context, in whole blocks of BLOCK tokens (specwise serve: 16/16), or "
+                               "none (each sequence its own, as vLLM's paged attention); default: what the server "
+                               "says on /health, else none (with --refit: what the sweep recorded)")
     endpoint.add_argument("--window-seed", type=int, default=None,
                           help="where in the categories' texts the prompts start (default: a fresh place each "
                                "sweep, as real traffic's prompts are new to the server)")
@@ -127,7 +132,8 @@ def register_calibrate(subparsers) -> None:
 
 def run_calibrate(args) -> int:
     if args.refit:
-        refit(args.refit, args.output, dataclass_from_args(FitOptions, args), server_token_budget(args))
+        refit(args.refit, args.output, dataclass_from_args(FitOptions, args), server_token_budget(args),
+              args.kv_reads)
         return 0
     if args.endpoint:
         return run_endpoint_calibrate(args)
@@ -161,10 +167,11 @@ def run_calibrate(args) -> int:
                           model=f"{engine.model_config.architecture} {engine.config.model or 'SmolLM2-135M'} "
                                 f"{str(engine.dtype).removeprefix('torch.')}")
     data = profile.to_json()
-    samples = grid_samples(*axes, seconds) + [timed_prefill_sample(total, time, args.prefill_prompt_len)
-                                              for total, time in zip(totals, prefill_seconds)]
+    reads = engine.runner.kv_reads
+    samples = grid_samples(*axes, seconds, reads) + [timed_prefill_sample(total, time, args.prefill_prompt_len)
+                                                     for total, time in zip(totals, prefill_seconds)]
     try:
-        linear = fit(samples, dataclass_from_args(FitOptions, args))
+        linear = fit(samples, dataclass_from_args(FitOptions, args), reads)
         print(f"fitted {linear.summary()}")
         data["linear"] = linear.to_json()
     except ConfigError as error:
@@ -188,7 +195,8 @@ def run_endpoint_calibrate(args) -> int:
                          categories=parse_categories(args.categories) or list(CATEGORIES),
                          prefill_tokens=parse_int_list(args.prefill_lens, "--prefill-lens"),
                          prefill_repeats=args.prefill_repeats, window_seed=args.window_seed,
-                         max_num_batched_tokens=server_token_budget(args), count_probes=args.count_probes)
+                         max_num_batched_tokens=server_token_budget(args), count_probes=args.count_probes,
+                         kv_reads=args.kv_reads)
     model = getattr(args, "model", None)              # EngineConfig's flag, absent from the namespace when not given
     calibrate_endpoints(args.endpoint, parse_arms(args.speculative_arm), design, model, args.output,
                         dataclass_from_args(FitOptions, args))

@@ -32,6 +32,10 @@ Behaviour from the environment:
                             vLLM and ours do within max_num_batched_tokens); it says N nowhere, as vLLM does not
   FAKE_ENGINE_COUNT_COST    "SECONDS,MEMORY": that engine's step whose row count is not among the last MEMORY
                             distinct counts it ran takes SECONDS more (an eager server building its kernels)
+  FAKE_ENGINE_GROUPED_READS "GROUP,BLOCK,SECONDS": that engine reads the cache as ours does: sequences fed as many
+                            rows, sorted by context, GROUP at a time, each to its group's longest context in
+                            whole blocks of BLOCK tokens (the padding costs as KV tokens), SECONDS a group; its
+                            /health says {"kv_reads": {"group_size": GROUP, "block_size": BLOCK}}
 Prompts count 1 token per 4 characters, or a token-id prompt its ids; `stream_options.continuous_usage_stats` puts the running usage on
 every chunk, as vLLM does.
 """
@@ -137,8 +141,9 @@ class Stepper:
     late wake-ups do not add up."""
 
     def __init__(self, coefficients: list[float], k: int, budget: int | None = None,
-                 count_cost: tuple[float, int] = (0.0, 0)):
+                 count_cost: tuple[float, int] = (0.0, 0), grouped: tuple[int, int, float] | None = None):
         self.fixed, self.per_token, self.per_kv = coefficients[:3]
+        self.grouped = grouped
         self.new_count, self.memory = count_cost
         self.counts = collections.OrderedDict()        # the row counts run lately, least recent first
         self.budget = budget
@@ -163,16 +168,21 @@ class Stepper:
                     self.cond.wait()
                 batch = list(self.running)
             rows = sampled = kv = 0
-            chunks = {}
+            chunks, reads = {}, []          # reads: (rows fed, context) of each sequence that reads its cache
             for r in batch:
                 if r["made"] == 0:
                     chunks[id(r)] = chunk = min(r["prompt"] - r["filled"], self.budget or r["prompt"])
                     rows, kv = rows + chunk, kv + r["filled"]
                     sampled += 1 if r["filled"] + chunk == r["prompt"] else 0
+                    if r["filled"]:
+                        reads.append((chunk, r["filled"] + chunk))
                 else:
                     rows, sampled, kv = rows + 1 + self.k, sampled + 1 + self.k, kv + r["prompt"] + r["made"] - 1
+                    reads.append((1 + self.k, r["prompt"] + r["made"] + self.k))
+            padding, groups = self.groups(reads)
             start = end if busy else time.monotonic()
-            end = start + self.fixed + self.per_token * rows + self.per_kv * kv + self.per_row * sampled
+            end = start + self.fixed + self.per_token * rows + self.per_kv * (kv + padding) + self.per_row * sampled
+            end += groups * (self.grouped[2] if self.grouped else 0.0)
             end += self.count_cost(rows)
             busy = True
             time.sleep(max(end - time.monotonic(), 0.0))
@@ -190,6 +200,20 @@ class Stepper:
                         self.running.remove(r)
                     r["out"].put(None)
 
+
+    def groups(self, reads: list[tuple[int, int]]) -> tuple[int, int]:
+        """(KV tokens read past the sequences' own contexts, groups read) of one step's cache reads."""
+        if not self.grouped:
+            return 0, 0
+        size, block, _ = self.grouped
+        padding = groups = 0
+        for fed in {rows for rows, _ in reads}:
+            contexts = sorted(context for rows, context in reads if rows == fed)
+            for first in range(0, len(contexts), size):
+                members = contexts[first:first + size]
+                padding += sum(-(-members[-1] // block) * block - context for context in members)
+                groups += 1
+        return padding, groups
 
     def count_cost(self, rows: int) -> float:
         if not self.new_count:
@@ -215,7 +239,9 @@ def make_handler(model: str, k: int, per_request: bool, delay: float, sglang: bo
     budget = int(ENV("FAKE_ENGINE_TOKEN_BUDGET", "0")) or None
     count = ENV("FAKE_ENGINE_COUNT_COST")
     count_cost = (float(count.split(",")[0]), int(count.split(",")[1])) if count else (0.0, 0)
-    stepper = Stepper([float(value) for value in cost.split(",")], k, budget, count_cost) if cost else None
+    grouped = ENV("FAKE_ENGINE_GROUPED_READS")
+    grouped = (int(grouped.split(",")[0]), int(grouped.split(",")[1]), float(grouped.split(",")[2])) if grouped else None
+    stepper = Stepper([float(value) for value in cost.split(",")], k, budget, count_cost, grouped) if cost else None
     crash_after = int(ENV("FAKE_ENGINE_CRASH_AFTER", "0"))
     crashes = crash_after and (k > 0 or ENV("FAKE_ENGINE_CRASH_SPEC") != "1")
 
@@ -232,7 +258,9 @@ def make_handler(model: str, k: int, per_request: bool, delay: float, sglang: bo
             self.wfile.write(body.encode())
 
         def do_GET(self):
-            if self.path == "/health":
+            if self.path == "/health" and grouped:
+                self._json({"kv_reads": {"group_size": grouped[0], "block_size": grouped[1]}})
+            elif self.path == "/health":
                 self._json("", content="text/plain")
             elif self.path == "/v1/models":
                 self._json({"object": "list", "data": [{"id": model, "object": "model"}]})

@@ -143,6 +143,38 @@ def test_a_server_that_prefills_in_chunks_is_fitted_by_its_token_budget(chunking
     assert json.loads(again.read_text())["linear"]["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
 
 
+GROUP, BLOCK, PER_GROUP = 4, 16, 0.010
+
+
+@pytest.fixture(scope="module")
+def grouped_server():
+    """A plain fake engine that reads its cache as ours does (groups of GROUP in blocks of BLOCK, PER_GROUP a
+    group) and says so on /health."""
+    yield from fake_engines([[]], FAKE_ENGINE_GROUPED_READS=f"{GROUP},{BLOCK},{PER_GROUP}")
+
+
+def test_a_server_that_reads_its_cache_in_padded_groups_is_fitted_as_it_reads(grouped_server, tmp_path, capsys):
+    """The server says how it reads its cache: the waves' KV tokens are counted with the padding, the known
+    cost comes back with what a group costs, and the profile keeps the reads. Refitted as if each
+    sequence read its own cache (--kv-reads none), the same sweep has no group to cost: its batch-8 waves
+    (two groups) and its prefills (none) cannot both be fitted."""
+    path, own = tmp_path / "profile.json", tmp_path / "own.json"
+    assert main(["calibrate", "--endpoint", grouped_server[0], *SWEEP, "--output", str(path)]) == 0
+    assert f"reads its KV cache in groups of {GROUP}" in capsys.readouterr().out
+    fitted = json.loads(path.read_text())["linear"]
+    for key, known in (("fixed_s", FIXED), ("per_token_s", PER_TOKEN), ("per_kv_token_s", PER_KV),
+                       ("per_logits_row_s", PER_ROW), ("per_attention_group_s", PER_GROUP)):
+        assert fitted[key] == pytest.approx(known, rel=TOLERANCE), key
+    assert fitted["kv_reads"] == {"group_size": GROUP, "block_size": BLOCK}
+    assert isinstance(load_step_cost(path), LinearStepCost) and load_step_cost(path).kv_reads is not None
+    assert main(["calibrate", "--refit", str(path), "--kv-reads", "none", "--output", str(own)]) == 0
+    plain = json.loads(own.read_text())["linear"]
+    assert "kv_reads" not in plain and "per_attention_group_s" not in plain
+    assert plain["worst_residual"] > 2 * fitted["worst_residual"]
+    assert main(["calibrate", "--refit", str(path), "--kv-reads", "16", "--output", str(own)]) == 2
+    assert "GROUP/BLOCK" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def count_server():
     """A plain fake engine whose step of a row count not among the last COUNT_MEMORY costs NEW_COUNT more."""

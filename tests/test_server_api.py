@@ -9,7 +9,7 @@ from test_server_harness import MODEL, TINY_ENGINE, engine_idle, metric, serve, 
 from tiny_models import tiny_checkpoint
 
 from specwise.bench.load.targets.base import Acceptance
-from specwise.bench.load.targets.http import announced_token_budget
+from specwise.bench.load.targets.http import ServerSays, announced
 from specwise.bench.load.targets.per_request import vllm_acceptance
 from specwise.engine.llm import LLM
 from specwise.sampling_params import SamplingParams
@@ -152,10 +152,11 @@ def test_token_id_prompt_and_chat_defaults(client, server):
 def test_models_health_metrics(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
-    budget = server.engine.config.max_num_batched_tokens
+    budget, reads = server.engine.config.max_num_batched_tokens, server.engine.runner.kv_reads
     assert httpx.get(server.url("/health")).json() == {"status": "ok", "forward": "eager",
-                                                        "max_num_batched_tokens": budget}
-    assert asyncio.run(announced_token_budget(server.url("/v1"))) == budget    # what calibrate --endpoint reads
+                                                        "max_num_batched_tokens": budget,
+                                                        "kv_reads": {"group_size": 16, "block_size": reads.block_size}}
+    assert asyncio.run(announced(server.url("/v1"))) == ServerSays(budget, reads)    # what calibrate --endpoint reads
     wait_until(lambda: engine_idle(server.engine), what="engine idle")
     samples = server.metrics()
     assert metric(samples, "specwise:kv_cache_blocks_used") == 0

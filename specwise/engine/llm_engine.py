@@ -10,6 +10,7 @@ import logging
 import random
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,7 @@ from specwise.engine.sampling.grammar import GrammarCompiler
 from specwise.engine.sampling.logits_processors import LogitsProcessing
 from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
+from specwise.engine.step_log import StepLog
 from specwise.errors import InputError
 from specwise.engine.target_model import build_target
 from specwise.models.capabilities import cpu_capabilities, describe_kernels, linear_path
@@ -88,6 +90,7 @@ class LLMEngine:
         self.rng = random.Random(config.seed)
         self.stats = SpecStats()
         self.failed_steps = FailedSteps()
+        self.step_log = StepLog(config.step_log) if config.step_log else None
         self.proposer = None
         self.set_speculative(config.speculative, config.num_speculative_tokens)
 
@@ -199,7 +202,8 @@ class LLMEngine:
         if batch is None:
             return outputs
         self._set_threads(batch.num_tokens)
-        computed, faults = isolate(batch, self._compute)         # nothing committed yet (fault_isolation.py)
+        with self.step_log.step(batch) if self.step_log else nullcontext():
+            computed, faults = isolate(batch, self._compute)     # nothing committed yet (fault_isolation.py)
         self.failed_steps.check(len(batch.seqs), faults)
         return outputs + self._commit(batch, computed, faults)
 

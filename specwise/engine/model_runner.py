@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from specwise.engine.fault_isolation import RequestFault
+from specwise.engine.kv_reads import KVReads
 from specwise.engine.outputs import TokenLogprob
 from specwise.engine.sampling.logits_processors import LogitsProcessing, Row
 from specwise.engine.sampling.rejection import (greedy_accept, rejection_sample, tree_greedy_accept,
@@ -86,6 +87,11 @@ class ModelRunner:
 
     def blocks_for(self, num_slots: int) -> int:
         return -(-num_slots // self.block_size)
+
+    @property
+    def kv_reads(self) -> KVReads:
+        """How `prepare`'s groups read the cache (kv_reads.py): what a step's KV tokens cost on this runner."""
+        return KVReads(GROUP_SIZE, self.block_size)
 
     @torch.inference_mode()
     def forward(self, token_ids: list[list[int]], start_positions: list[int], block_tables: list[list[int]],

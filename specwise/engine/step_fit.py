@@ -7,7 +7,8 @@ A forward pass over a flat batch costs
 
 batched tokens = every row the step computes (decode rows, draft rows, prompt chunk tokens);
 KV tokens read = the cached tokens its attention reads, summed over the sequences (each once per
-pass, as FlashAttention-like kernels read them). This is the form published step-time
+pass, as FlashAttention-like kernels read them; a server that reads sequences in padded groups, as
+ours does, reads more: `kv_reads`, engine/kv_reads.py, counts that). This is the form published step-time
 predictors fit per engine and drafter; it holds for one engine on one machine over the range of
 shapes it was fitted on, not beyond. logits rows = the rows whose next-token distribution the
 step computes and samples: every decode and draft row, but only the last token of a prompt. The
@@ -66,11 +67,14 @@ its verification rows alone: the drafter runs on the same machine. `drafting` ho
 fit per drafting method, fitted on that server's own steps; `for_method` picks it.
 """
 
+import dataclasses
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from specwise.engine.kv_reads import KVReads
 from specwise.engine.step_cost import StepCostModel, attention_pairs, check_step_shape
 from specwise.errors import ConfigError
 
@@ -79,9 +83,12 @@ COEFFICIENTS = ("fixed_s", "per_token_s", "per_kv_token_s")
 LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when absent)
 REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)
 ATTENTION_PAIR = "per_attention_pair_s"   # optional: per (query, key) pair attention computes (0 when absent)
+ATTENTION_GROUP = "per_attention_group_s"  # optional: per group the attention reads the cache in (kv_reads.py)
 NEW_COUNT = "new_count_s"      # optional, measured apart: a step of a token count not run lately (0 when absent)
 COUNT_MEMORY = "count_memory"  # the distinct token counts the server keeps kernels for
-OPTIONAL_COLUMNS = (3, 4, 5)   # of fit's design: logits rows, is a TTFT, attention pairs (0-2: steps, tokens, KV)
+KV_READS = "kv_reads"      # optional: how the server reads the cache (kv_reads.py); absent: its own tokens
+# of fit's design: logits rows, is a TTFT, attention pairs, attention groups (0-2: steps, tokens, KV)
+OPTIONAL_COLUMNS = (3, 4, 5, 6)
 PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
 
@@ -104,16 +111,23 @@ class StepShape:
     tokens: float
     kv_tokens: float
     pairs: float
+    groups: float = 0.0         # the groups the server's attention reads the cache in (kv_reads.py); 0: not counted
 
     @classmethod
-    def of(cls, new_tokens, cached_tokens) -> "StepShape":
+    def of(cls, new_tokens, cached_tokens, reads: KVReads | None = None) -> "StepShape":
         """Sequences each fed new_tokens[i] rows after cached_tokens[i] cached tokens, summed over the
         last axis (a number: one sequence). Worked example: decodes over 100 and 200 cached tokens
         beside a 50-token chunk after 30, of([1, 1, 50], [100, 200, 30]): 52 tokens, 330 KV tokens
-        read, 101 + 201 + 2,775 = 3,077 pairs."""
+        read, 101 + 201 + 2,775 = 3,077 pairs. reads: how the server reads the cache (kv_reads.py),
+        for one step; None: each sequence reads its own cached tokens."""
         new, cached = np.broadcast_arrays(np.atleast_1d(np.asarray(new_tokens, dtype=float)),
                                           np.atleast_1d(np.asarray(cached_tokens, dtype=float)))
-        return cls(new.sum(-1), cached.sum(-1), attention_pairs(new, cached).sum(-1))
+        kv_tokens, groups = cached.sum(-1), 0.0
+        if reads is not None:
+            if new.ndim != 1:
+                raise ValueError("KV reads are counted one step at a time")
+            kv_tokens, groups = kv_tokens + reads.padding(new, cached), float(reads.groups(new, cached))
+        return cls(new.sum(-1), kv_tokens, attention_pairs(new, cached).sum(-1), groups)
 
     def scaled(self, count: float) -> "StepShape":
         """`count` sequences like this one (each feature is a sum over sequences)."""
@@ -141,6 +155,10 @@ class StepSample:
         return self.shape.pairs
 
     @property
+    def groups(self) -> float:
+        return self.shape.groups
+
+    @property
     def rows(self) -> float:
         return self.tokens if self.logits_rows is None else self.logits_rows
 
@@ -148,19 +166,23 @@ class StepSample:
 class LinearStepCost(StepCostModel):
     def __init__(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, description: str = "",
                  per_logits_row_s: float = 0.0, drafting: dict | None = None, request_overhead_s: float = 0.0,
-                 per_attention_pair_s: float = 0.0, new_count_s: float = 0.0, count_memory: int = 0):
+                 per_attention_pair_s: float = 0.0, new_count_s: float = 0.0, count_memory: int = 0,
+                 kv_reads: KVReads | None = None, per_attention_group_s: float = 0.0):
+        self.kv_reads = kv_reads            # how the server reads the cache: the KV feature counts it so
         if new_count_s < 0 or count_memory < 0 or (new_count_s > 0 and count_memory < 1):
             raise ConfigError("a new token count's cost must be >= 0, with a memory of at least 1 count")
         self.new_count_s, self.count_memory = new_count_s, count_memory
         self.fixed_s, self.per_token_s, self.per_kv_token_s = fixed_s, per_token_s, per_kv_token_s
         self.per_logits_row_s, self.request_overhead_s = per_logits_row_s, request_overhead_s
-        self.per_attention_pair_s = per_attention_pair_s
+        self.per_attention_pair_s, self.per_attention_group_s = per_attention_pair_s, per_attention_group_s
         self.drafting: dict[str, LinearStepCost] = drafting or {}
         row = f" + {per_logits_row_s * 1e3:.3f} ms/logits row" if per_logits_row_s else ""
         row += f" + {per_attention_pair_s * 1e9:.2f} ns/attention pair" if per_attention_pair_s else ""
+        row += f" + {per_attention_group_s * 1e3:.2f} ms/attention group" if per_attention_group_s else ""
         row += f"; {request_overhead_s * 1e3:.2f} ms a request" if request_overhead_s else ""
         row += (f"; {new_count_s * 1e3:.1f} ms a step of a token count not among the last {count_memory}"
                 if new_count_s else "")
+        row += f"; {kv_reads.describe()}" if kv_reads else ""
         self.description = description or (f"linear: {fixed_s * 1e3:.2f} ms + {per_token_s * 1e3:.3f} ms/token "
                                            f"+ {per_kv_token_s * 1e6:.3f} us/KV token{row}")
 
@@ -171,14 +193,16 @@ class LinearStepCost(StepCostModel):
         rows = tokens if logits_rows is None else np.asarray(logits_rows, dtype=float)
         return np.maximum(self.fixed_s + self.per_token_s * tokens + self.per_logits_row_s * rows
                           + self.per_kv_token_s * np.asarray(shape.kv_tokens, dtype=float)
-                          + self.per_attention_pair_s * np.asarray(shape.pairs, dtype=float), 0.0)
+                          + self.per_attention_pair_s * np.asarray(shape.pairs, dtype=float)
+                          + self.per_attention_group_s * np.asarray(shape.groups, dtype=float), 0.0)
 
     def with_counts(self, new_count_s: float, count_memory: int) -> "LinearStepCost":
         """This cost with a step of a token count not among the last count_memory costing new_count_s more."""
         return LinearStepCost(self.fixed_s, self.per_token_s, self.per_kv_token_s, per_logits_row_s=self.per_logits_row_s,
                               drafting=self.drafting, request_overhead_s=self.request_overhead_s,
                               per_attention_pair_s=self.per_attention_pair_s, new_count_s=new_count_s,
-                              count_memory=count_memory if new_count_s else 0)
+                              count_memory=count_memory if new_count_s else 0, kv_reads=self.kv_reads,
+                              per_attention_group_s=self.per_attention_group_s)
 
     def for_method(self, method: str) -> "LinearStepCost":
         """The fit of the server speculating with this method, where the profile has one."""
@@ -188,7 +212,11 @@ class LinearStepCost(StepCostModel):
         check_step_shape(batch_size, tokens_per_seq)
         # every sequence at the mean context: the features are linear in each sequence's context
         mean = np.asarray(total_context, dtype=float)[..., None] / batch_size
-        return self.seconds(StepShape.of(tokens_per_seq, mean).scaled(batch_size))
+        shape = StepShape.of(tokens_per_seq, mean).scaled(batch_size)
+        if self.kv_reads is not None:      # sequences alike: the groups of a batch that reads a cache, not its padding
+            groups = math.ceil(batch_size / self.kv_reads.group_size)
+            shape = dataclasses.replace(shape, groups=np.where(np.asarray(total_context, dtype=float) > 0, groups, 0.0))
+        return self.seconds(shape)
 
     def prefill_time(self, prompt_lens) -> float:
         return float(self.seconds(StepShape.of(prompt_lens, 0.0), len(prompt_lens)))
@@ -196,20 +224,23 @@ class LinearStepCost(StepCostModel):
     def to_json(self) -> dict:
         out = dict(zip(COEFFICIENTS, (self.fixed_s, self.per_token_s, self.per_kv_token_s)))
         extra = {LOGITS_ROW: self.per_logits_row_s, REQUEST_OVERHEAD: self.request_overhead_s,
-                 ATTENTION_PAIR: self.per_attention_pair_s}
+                 ATTENTION_PAIR: self.per_attention_pair_s, ATTENTION_GROUP: self.per_attention_group_s}
         if self.new_count_s:
             extra |= {NEW_COUNT: self.new_count_s, COUNT_MEMORY: self.count_memory}
+        if self.kv_reads:
+            extra[KV_READS] = self.kv_reads.to_json()
         return out | {key: value for key, value in extra.items() if value}
 
     @classmethod
     def from_json(cls, data: dict, description: str = "") -> "LinearStepCost":
         """{"fixed_s", "per_token_s", "per_kv_token_s"[, "per_logits_row_s"][, "request_overhead_s"]
-        [, "per_attention_pair_s"][, "new_count_s", "count_memory"][, "drafting": {method: {...}}]};
+        [, "per_attention_pair_s"][, "new_count_s", "count_memory"][, "kv_reads": {...}]
+        [, "drafting": {method: {...}}]};
         ValueError when a coefficient is missing or not a number."""
         try:
             values = [float(data[key]) for key in COEFFICIENTS]
-            row, overhead, pair, new = (float(data.get(key, 0.0))
-                                        for key in (LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR, NEW_COUNT))
+            row, overhead, pair, group, new = (float(data.get(key, 0.0)) for key in (
+                LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR, ATTENTION_GROUP, NEW_COUNT))
             memory = int(data.get(COUNT_MEMORY, 0))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"needs {', '.join(COEFFICIENTS)} as numbers") from None
@@ -218,7 +249,8 @@ class LinearStepCost(StepCostModel):
         drafting = {method: cls.from_json(fit, f"{description} ({method})" if description else "")
                     for method, fit in (data.get("drafting") or {}).items()}
         return cls(*values, description=description, per_logits_row_s=row, drafting=drafting,
-                   request_overhead_s=overhead, per_attention_pair_s=pair, new_count_s=new, count_memory=memory)
+                   request_overhead_s=overhead, per_attention_pair_s=pair, new_count_s=new, count_memory=memory,
+                   kv_reads=KVReads.from_json(data.get(KV_READS)), per_attention_group_s=group)
 
 
 class RecentCounts:
@@ -274,12 +306,13 @@ class Fit:
                                       "worst_residual": float(residuals.max()), "steps": len(self.samples)}
 
 
-def fit(samples: list[StepSample], options: FitOptions | None = None) -> Fit:
+def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: KVReads | None = None) -> Fit:
     """Least squares of seconds on (steps, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]);
     ConfigError when the sweep is too short. An optional column is kept only where the samples tell it
     from the others: logits rows where prefill steps sit beside decode steps, the request overhead where
     TTFTs do, attention pairs (only with options.fit_attention_pairs) where prompts of several lengths
-    do (a decode's pairs are its KV tokens plus its rows: no sweep of decodes alone can tell them apart)."""
+    do (a decode's pairs are its KV tokens plus its rows: no sweep of decodes alone can tell them apart).
+    kv_reads: how the samples' KV tokens were counted (kv_reads.py), kept with the cost."""
     options = options or FitOptions()
     tokens = {s.tokens for s in samples}
     kv = {s.kv_tokens for s in samples}
@@ -289,7 +322,7 @@ def fit(samples: list[StepSample], options: FitOptions | None = None) -> Fit:
                           f"2 of each)")
     if any(s.seconds <= 0 for s in samples):
         raise ConfigError("a step time of zero or less cannot be fitted")
-    design = np.array([[float(s.steps), s.tokens, s.kv_tokens, s.rows, float(s.first_token), s.pairs]
+    design = np.array([[float(s.steps), s.tokens, s.kv_tokens, s.rows, float(s.first_token), s.pairs, s.groups]
                        for s in samples])
     seconds = np.array([s.seconds for s in samples])
     if _rank(design[:, :3]) < 3:
@@ -319,7 +352,8 @@ def fit(samples: list[StepSample], options: FitOptions | None = None) -> Fit:
     values = {column: max(value, 0.0) for column, value in values.items()}
     cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
                           per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
-                          per_attention_pair_s=values.get(5, 0.0))
+                          per_attention_pair_s=values.get(5, 0.0), per_attention_group_s=values.get(6, 0.0),
+                          kv_reads=kv_reads)
     return Fit(cost, list(samples), design[:, kept] @ solved)
 
 
@@ -335,9 +369,10 @@ def _rank(columns: np.ndarray) -> int:
     return int(np.linalg.matrix_rank(columns / np.where(scale > 0, scale, 1.0)))
 
 
-def grid_samples(batch_sizes, tokens_per_seq, context_lens, seconds) -> list[StepSample]:
+def grid_samples(batch_sizes, tokens_per_seq, context_lens, seconds, reads: KVReads | None = None) -> list[StepSample]:
     """A step profile's grid (seconds[b][t][c]) as samples: batch sequences of t rows over c cached
-    tokens each (every row sampled, as the profiler computes logits at every position)."""
-    return [StepSample(StepShape.of(np.full(b, t), np.full(b, c)), float(seconds[i][j][m]))
+    tokens each (every row sampled, as the profiler computes logits at every position); reads: how the
+    engine read the cache (kv_reads.py)."""
+    return [StepSample(StepShape.of(np.full(b, t), np.full(b, c), reads), float(seconds[i][j][m]))
             for i, b in enumerate(batch_sizes) for j, t in enumerate(tokens_per_seq)
             for m, c in enumerate(context_lens)]

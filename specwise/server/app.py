@@ -103,9 +103,11 @@ def service_routes(serving: Serving) -> APIRouter:
         if not serving.async_engine.thread.is_alive():
             raise APIError(503, "the engine thread has stopped", code="engine_stopped")
         # which forward serves: "compiled" graphs, or "eager" (without --compile, or while they compile); the
-        # token budget a step, which `calibrate --endpoint` needs to know how many steps a long prompt takes
+        # token budget a step, which `calibrate --endpoint` needs to know how many steps a long prompt takes,
+        # and how the attention reads the cache, which it needs to count a step's KV tokens read
         return {"status": "ok", "forward": "compiled" if serving.engine.compiled else "eager",
-                "max_num_batched_tokens": serving.engine.config.max_num_batched_tokens}
+                "max_num_batched_tokens": serving.engine.config.max_num_batched_tokens,
+                "kv_reads": serving.engine.runner.kv_reads.to_json()}
 
     @router.get("/metrics")
     async def metrics():

@@ -18,7 +18,8 @@ fed as a share of n x k times the difference to a full verification of 1 + k row
 with both is one forward, so the fixed cost (a plain batch-1 step over no context) is paid once:
     time = max(decode, prompt, decode + prompt - fixed) (+ the arm's per-step overhead)
 Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
-(engine/step_fit.py) costs the step as it is: its rows, the KV tokens they read, the attention
+(engine/step_fit.py) costs the step as it is: its rows, the KV tokens they read (padded as the
+server's attention pads its reads, where the profile says how: engine/kv_reads.py), the attention
 pairs they compute (a prompt chunk's among its own tokens too) and the rows it samples; where the
 profile holds the speculating server's own fit for the arm's method (a calibration against that
 server), the arm's steps are costed with it. A linear model's request
@@ -312,12 +313,13 @@ class _Run:
         return seconds
 
     def _linear_seconds(self, batch: ScheduledBatch, rows: list[int], k: int, decode: list[int]) -> float:
-        """A linear model costs the flat step as it is: every row it computes, every KV token it reads,
+        """A linear model costs the flat step as it is: every row it computes, every KV token it reads (as the
+        server reads them, where the profile says: engine/kv_reads.py),
         every attention pair (engine/step_fit.py StepShape: each sequence's rows, its drafts included,
         over its cache), every row it samples (a decode row and its drafts; a prompt chunk only at its
         last token), and its token count where the server has not run that count lately."""
         shape = StepShape.of([new + drafts for new, drafts in zip(batch.num_new_tokens, rows)],
-                             [seq.num_computed_tokens for seq in batch.seqs])
+                             [seq.num_computed_tokens for seq in batch.seqs], self.cost.kv_reads)
         sampled = sum(1 + rows[i] for i in range(len(batch.seqs)) if batch.samples(i))
         seconds = float(self.cost.seconds(shape, sampled)) + self.recent.cost(float(shape.tokens))
         if any(rows[i] for i in decode):

@@ -14,7 +14,9 @@ of that, the sweep fitted as if the probe had not run).
 
 A prompt longer than the server's token budget is prefilled in chunks, a step each (samples.py
 `prefill_sample`): the budget comes from --max-num-batched-tokens, else from the server where it says
-(`specwise serve` does), else every probe counts as one step, and a line says so.
+(`specwise serve` does), else every probe counts as one step, and a line says so. How the server reads
+its KV cache (engine/kv_reads.py: ours in padded groups) comes the same way, from --kv-reads, else the
+server, else each sequence reads its own: a wave's KV tokens are counted so, and the profile keeps it.
 
 Every request the sweep sent is kept beside the profile (profile.requests.jsonl, the evaluator's
 record format), so that `calibrate --refit PROFILE` fits the same sweep again (with
@@ -34,8 +36,9 @@ from rich.progress import Progress
 from specwise.bench.calibrate.counts import CountCost, count_cost, paid
 from specwise.bench.calibrate.samples import prefill_sample
 from specwise.bench.calibrate.sweep import Probe, Sweep, SweepDesign, Wave, regroup, run_sweep, wave_tag
-from specwise.bench.load.targets.http import HttpTarget, announced_token_budget, check_endpoint
+from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoint
 from specwise.bench.results import read_records_file
+from specwise.engine.kv_reads import KVReads
 from specwise.engine.step_fit import Fit, FitOptions, fit
 from specwise.engine.step_profile import PROFILE_FORMAT
 from specwise.errors import ConfigError, InputError
@@ -63,7 +66,7 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     urls = {PLAIN: endpoint} | arms
     for name, url in urls.items():
         asyncio.run(check_endpoint(name, url))
-    design = _with_token_budget(design, endpoint)
+    design = _with_what_the_server_says(design, endpoint)
     targets = [HttpTarget(name=name, base_url=url, model=model, continuous_usage=True) for name, url in urls.items()]
     started = time.perf_counter()
     with Progress() as progress:
@@ -83,23 +86,32 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     return profile
 
 
-def _with_token_budget(design: SweepDesign, endpoint: str) -> SweepDesign:
-    """The design with the server's token budget: as given, else as the server says, else none (a line says)."""
-    if design.max_num_batched_tokens is not None:
-        return design
-    budget = asyncio.run(announced_token_budget(endpoint))
-    if budget is None:
+def _with_what_the_server_says(design: SweepDesign, endpoint: str) -> SweepDesign:
+    """The design with the server's token budget and KV reads: as given, else as the server says, else none
+    (a line says which)."""
+    said = asyncio.run(announced(endpoint))
+    budget = design.max_num_batched_tokens
+    if budget is None and said.max_num_batched_tokens is None:
         print("calibrate: the server does not say its token budget a step: every prefill probe is taken as one "
               "step (give --max-num-batched-tokens N where the server prefills a longer prompt in chunks of N)")
-        return design
-    print(f"calibrate: the server takes at most {budget} tokens a step: a longer probe counts as its chunks")
-    return dataclasses.replace(design, max_num_batched_tokens=budget)
+    elif budget is None:
+        budget = said.max_num_batched_tokens
+        print(f"calibrate: the server takes at most {budget} tokens a step: a longer probe counts as its chunks")
+    reads = design.kv_reads
+    if reads is None:
+        reads = said.kv_reads.text() if said.kv_reads else "none"
+        if said.kv_reads:
+            print(f"calibrate: the server says its attention reads its KV cache in groups of "
+                  f"{said.kv_reads.group_size} to the longest context, in blocks of {said.kv_reads.block_size}: "
+                  f"a step's KV tokens read are counted so")
+    return dataclasses.replace(design, max_num_batched_tokens=budget, kv_reads=reads)
 
 
 def refit(profile_path: str, output: str, options: FitOptions | None = None,
-          max_num_batched_tokens: int | None = None) -> dict:
+          max_num_batched_tokens: int | None = None, kv_reads: str | None = None) -> dict:
     """Fit a recorded sweep again (its profile and the requests kept beside it), write the profile to output.
-    max_num_batched_tokens: the server's token budget, in place of the one the sweep recorded."""
+    max_num_batched_tokens, kv_reads: the server's token budget and KV reads ("16/16", "none"), in place of
+    those the sweep recorded (a sweep recorded before KV reads were: none)."""
     try:
         profile = json.loads(Path(profile_path).read_text(encoding="utf-8"))
         calibration = profile["calibration"]
@@ -112,9 +124,11 @@ def refit(profile_path: str, output: str, options: FitOptions | None = None,
     budget = max_num_batched_tokens if max_num_batched_tokens is not None else recorded
     if budget is not None and budget < 1:
         raise ConfigError("calibrate --refit: --max-num-batched-tokens must be at least 1")
-    sweep = regroup(read_records_file(requests), shared, budget)
+    reads = kv_reads if kv_reads is not None else (calibration.get("design") or {}).get("kv_reads") or "none"
+    sweep = regroup(read_records_file(requests), shared, budget, KVReads.parse(reads))
     calibration = calibration | {"refitted_from": str(profile_path), "requests": str(requests.resolve())}
-    calibration["design"] = (calibration.get("design") or {}) | {"max_num_batched_tokens": budget}
+    calibration["design"] = (calibration.get("design") or {}) | {"max_num_batched_tokens": budget,
+                                                                 "kv_reads": reads}
     refitted = _write_profile(urls, sweep, calibration, profile.get("model", "model?"), output, options)
     print(f"wrote {output} (refitted from {profile_path})")
     return refitted
@@ -126,8 +140,9 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
     asked = options.count_cost and bool(calibration["design"].get("count_probes"))
     counts = {name: _count_cost(name, sweep.counts.get(name)) for name in urls} if asked else {}
     budget = calibration["design"].get("max_num_batched_tokens")
+    reads = KVReads.parse(calibration["design"].get("kv_reads") or "none")
     fits = {name: _fit(name, [w for w in sweep.waves if w.endpoint == name],
-                       [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget)
+                       [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads)
             for name in urls}
     linear = fits[PLAIN].to_json()
     if len(urls) > 1:
@@ -155,18 +170,18 @@ def _count_cost(name: str, records) -> CountCost | None:
 
 
 def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions | None = None,
-         counts: CountCost | None = None, budget: int | None = None) -> Fit:
+         counts: CountCost | None = None, budget: int | None = None, reads: KVReads | None = None) -> Fit:
     """The endpoint's fit; with a count cost, its prefill probes' TTFTs less what their new counts cost."""
     samples = [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode]
     if counts and counts.new_count_s:
         costs = paid([probe.records for probe in probes], counts, budget)
-        probes = [dataclasses.replace(probe, sample=prefill_sample(probe.records, budget, cost))
+        probes = [dataclasses.replace(probe, sample=prefill_sample(probe.records, budget, cost, reads))
                   for probe, cost in zip(probes, costs)]
         print(f"endpoint {name}: the prefill probes' TTFTs below are less what their new token counts cost")
     samples += [probe.sample for probe in probes if probe.sample]
     dropped = sum(1 for wave in waves if not wave.steps or wave.steps.decode is None)
     try:
-        result = fit(samples, options)
+        result = fit(samples, options, reads)
         if counts and counts.new_count_s:
             result.cost = result.cost.with_counts(counts.new_count_s, counts.memory)
     except ConfigError as error:

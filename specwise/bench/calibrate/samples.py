@@ -35,11 +35,13 @@ first tokens are no use for that: its requests reach the server a few millisecon
 engine starts a step with whichever have arrived.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from specwise.bench.results import RequestRecord
+from specwise.engine.kv_reads import KVReads
 from specwise.engine.step_fit import StepSample, StepShape
 
 EDGE = 0.5                  # a chunk within half a step of t0 or t1 counts as inside the window
@@ -55,22 +57,23 @@ class WaveSteps:
     spread: float = 0.0          # relative spread of the per-request step estimates (noise)
 
 
-def wave_steps(records: list[RequestRecord], batch_size: int,
-               drafts: tuple[float, float] | None = None) -> WaveSteps:
+def wave_steps(records: list[RequestRecord], batch_size: int, drafts: tuple[float, float] | None = None,
+               reads: KVReads | None = None) -> WaveSteps:
     """records: the wave's requests (send_time on one clock). drafts: (draft tokens, accepted tokens)
-    over the whole wave where requests carry no counters (a server's Prometheus deltas), else None."""
+    over the whole wave where requests carry no counters (a server's Prometheus deltas), else None.
+    reads: how the server reads its KV cache (engine/kv_reads.py); None: each sequence its own."""
     done = [r for r in records if not r.error and r.ttft is not None and len(r.chunk_times) >= 2]
     if len(done) < batch_size:
         return WaveSteps(batch_size, None)      # a lost request breaks the lockstep
-    decode, window, spread = _decode(done, drafts)
+    decode, window, spread = _decode(done, drafts, reads)
     return WaveSteps(batch_size, decode, window, spread)
 
 
-def _decode(done: list[RequestRecord], drafts) -> tuple[StepSample | None, int, float]:
+def _decode(done: list[RequestRecord], drafts, reads: KVReads | None) -> tuple[StepSample | None, int, float]:
     first = [r.send_time + r.chunk_times[0] for r in done]
     last = [r.send_time + r.chunk_times[-1] for r in done]
     t0, t1 = max(first), min(last)
-    spans, steps, rows_fed, cached, estimates = 0.0, 0.0, [], [], []
+    spans, steps, rows_fed, cached, estimates, trajectories = 0.0, 0.0, [], [], [], []
     for r in done:
         times = np.asarray(r.chunk_times) + r.send_time
         emitted, rows = _per_step(r, drafts, len(done))
@@ -79,6 +82,7 @@ def _decode(done: list[RequestRecord], drafts) -> tuple[StepSample | None, int, 
         rows_fed.append(rows)
         # cached mid-window: all it has but the step's input token
         cached.append(r.prompt_tokens + float(np.interp((t0 + t1) / 2, times, made)) - 1)
+        trajectories.append((times, r.prompt_tokens - 1 + made))
         gap = float(np.median(np.diff(times)))
         inside = np.flatnonzero((times >= t0 - EDGE * gap) & (times <= t1 + EDGE * gap))
         if len(inside) < 2:
@@ -95,7 +99,17 @@ def _decode(done: list[RequestRecord], drafts) -> tuple[StepSample | None, int, 
         return None, int(steps / max(len(done), 1)), 0.0
     seconds = spans / steps
     spread = float(np.std(estimates) / np.mean(estimates)) if len(estimates) > 1 else 0.0
-    return StepSample(StepShape.of(rows_fed, cached), seconds), int(round(steps / len(estimates))), spread
+    window = int(round(steps / len(estimates)))
+    shape = StepShape.of(rows_fed, cached)
+    if reads is not None:
+        # a padded read jumps a block as a context crosses one: its padding averaged over the window's steps
+        # (each request's cache at each step's time), not read at the middle one
+        at = np.linspace(t0, t1, max(window, 2))
+        caches = np.array([np.interp(at, times, cache) for times, cache in trajectories])     # [requests, steps]
+        padding = float(np.mean([reads.padding(rows_fed, caches[:, j]) for j in range(len(at))]))
+        shape = dataclasses.replace(shape, kv_tokens=shape.kv_tokens + padding,
+                                    groups=float(reads.groups(rows_fed, cached)))
+    return StepSample(shape, seconds), window, spread
 
 
 def _per_step(r: RequestRecord, shared, batch_size: int) -> tuple[float, float]:
@@ -112,18 +126,21 @@ def _per_step(r: RequestRecord, shared, batch_size: int) -> tuple[float, float]:
 
 
 def prefill_sample(records: list[RequestRecord], max_num_batched_tokens: int | None = None,
-                   paid: list[float] | None = None) -> StepSample | None:
+                   paid: list[float] | None = None, reads: KVReads | None = None) -> StepSample | None:
     """Single requests of one prompt length, sent one after another: the median TTFT as the steps of
     the whole prompt (one logits row, no cached KV before it) plus the server's request overhead.
     max_num_batched_tokens: the server's token budget, a step's most prompt tokens (None: no limit).
     paid: seconds each request's steps paid for token counts the server had not run lately (counts.py),
-    taken off its TTFT first."""
+    taken off its TTFT first. reads: how the server reads its KV cache (a later chunk reads the ones before)."""
     done = [(r, paid[i] if paid else 0.0) for i, r in enumerate(records) if not r.error and r.ttft is not None]
     if not done:
         return None
     prompt = float(np.median([r.prompt_tokens for r, _ in done]))
     chunks, cached = prompt_chunks(prompt, max_num_batched_tokens)
-    return StepSample(StepShape.of(chunks, cached), float(np.median([r.ttft - cost for r, cost in done])),
+    # each chunk a step of its own: the features summed over the steps
+    steps = [StepShape.of([n], [c], reads) for n, c in zip(chunks, cached)]
+    shape = StepShape(*(sum(getattr(step, name) for step in steps) for name in ("tokens", "kv_tokens", "pairs", "groups")))
+    return StepSample(shape, float(np.median([r.ttft - cost for r, cost in done])),
                       logits_rows=1.0, first_token=True, steps=len(chunks))
 
 

@@ -57,6 +57,7 @@ from specwise.bench.load.measure import Slot, measure
 from specwise.bench.load.targets.http import HttpTarget
 from specwise.bench.load.targets.prometheus import difference
 from specwise.bench.results import RequestRecord
+from specwise.engine.kv_reads import KVReads
 from specwise.engine.step_fit import StepSample
 from specwise.errors import ConfigError
 
@@ -76,6 +77,9 @@ class SweepDesign:
     window_seed: int | None = None       # where the sweep's prompt windows start; None: a fresh place
     max_num_batched_tokens: int | None = None   # the server's token budget: a longer probe runs in chunks
     count_probes: int = 0                # token counts the count probe revisits (counts.py, e.g. 32); 0: no probe
+    # how the server reads its KV cache, to count a wave's KV tokens read (engine/kv_reads.py): "GROUP/BLOCK",
+    # or "none" (each sequence its own); None: what the server says (calibrate asks it), else none
+    kv_reads: str | None = None
 
     def __post_init__(self):
         self.categories = check_categories(self.categories)
@@ -96,9 +100,13 @@ class SweepDesign:
             raise ConfigError("calibrate --endpoint: --prefill-repeats must be at least 1")
         if self.budget_s <= 0:
             raise ConfigError("calibrate --endpoint: --budget must be positive seconds")
+        self.reads()            # a malformed --kv-reads stops the sweep before it starts
         if self.count_probes and not 2 * MIN_RUN <= self.count_probes <= MAX_COUNT_PROBES:
             raise ConfigError(f"calibrate --endpoint: --count-probes must be 0 (no probe) or "
                               f"{2 * MIN_RUN}..{MAX_COUNT_PROBES}")
+
+    def reads(self) -> KVReads | None:
+        return KVReads.parse(self.kv_reads) if self.kv_reads is not None else None
 
     def waves(self) -> list[tuple[int, int]]:
         """(batch size, prompt tokens), cheapest first."""
@@ -159,7 +167,8 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                                            turn, one_category=True)
                 records = await _one_by_one(target, singles, started, deadline)
                 sweep.probes.append(Probe(target.name, prompt_tokens, records,
-                                          prefill_sample(records, design.max_num_batched_tokens)))
+                                          prefill_sample(records, design.max_num_batched_tokens,
+                                                         reads=design.reads())))
                 if time.perf_counter() >= deadline:
                     return sweep
                 if on_step:
@@ -182,7 +191,7 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                 records = await _send(target, requests, started, deadline)
                 shared = _shared_drafts(before, await target.server_acceptance(), records)
                 sweep.waves.append(Wave(target.name, batch_size, prompt_tokens, records,
-                                        wave_steps(records, batch_size, shared), shared))
+                                        wave_steps(records, batch_size, shared, design.reads()), shared))
                 if on_step:
                     on_step()
         return sweep
@@ -203,22 +212,23 @@ def wave_tag(batch_size: int | str, prompt_tokens: int | str) -> str:
 
 
 def regroup(records: list[RequestRecord], shared_drafts: dict[tuple[str, str], tuple[float, float]],
-            max_num_batched_tokens: int | None = None) -> Sweep:
+            max_num_batched_tokens: int | None = None, reads: KVReads | None = None) -> Sweep:
     """A recorded sweep again, from its requests' records in send order (`calibrate --refit`).
     shared_drafts: (endpoint, wave tag) -> the server's (drafted, accepted) over that wave;
-    max_num_batched_tokens: the server's token budget (prefill_sample)."""
+    max_num_batched_tokens: the server's token budget (prefill_sample); reads: how it reads its cache."""
     groups: dict[tuple[str, str], list[RequestRecord]] = {}
     for record in records:
         groups.setdefault((record.arm, record.request_id.rsplit("-", 1)[0]), []).append(record)
     sweep = Sweep()
     for (endpoint, tag), group in groups.items():
         if match := re.fullmatch(probe_tag(r"(\d+)"), tag):
-            sweep.probes.append(Probe(endpoint, int(match[1]), group, prefill_sample(group, max_num_batched_tokens)))
+            sweep.probes.append(Probe(endpoint, int(match[1]), group,
+                                      prefill_sample(group, max_num_batched_tokens, reads=reads)))
         elif tag == COUNT_TAG:
             sweep.counts[endpoint] = group
         elif match := re.fullmatch(wave_tag(r"(\d+)", r"(\d+)"), tag):
             batch_size, drafts = int(match[1]), shared_drafts.get((endpoint, tag))
-            sweep.waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts),
+            sweep.waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts, reads),
                                     drafts))
     return sweep
 

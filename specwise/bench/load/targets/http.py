@@ -21,6 +21,7 @@ from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, Targ
 from specwise.bench.load.targets.per_request import per_request_acceptance
 from specwise.bench.load.targets.prometheus import scrape
 from specwise.bench.inputs.request import WorkloadRequest
+from specwise.engine.kv_reads import KVReads
 from specwise.errors import ConfigError
 
 APIS = ("auto", "completions", "chat")
@@ -159,17 +160,26 @@ async def check_endpoint(name: str, base_url: str, headers: dict | None = None) 
                           f"nothing was measured: start it, or drop --endpoint {name}=...") from None
 
 
-async def announced_token_budget(base_url: str, headers: dict | None = None) -> int | None:
-    """The most tokens a step of the server takes, where it says (`specwise serve`'s /health does;
-    vLLM and SGLang publish theirs nowhere a client can read): None when it does not."""
+@dataclass(frozen=True)
+class ServerSays:
+    max_num_batched_tokens: int | None = None   # the most tokens a step takes; None: not said
+    kv_reads: KVReads | None = None             # how its attention reads the cache; None: not said
+
+
+async def announced(base_url: str, headers: dict | None = None) -> ServerSays:
+    """What the server says of itself on /health, where it does: `specwise serve` says its token budget a
+    step and how its attention reads the cache; vLLM and SGLang publish neither where a client can read."""
     root = server_root(base_url)
     try:
         async with httpx.AsyncClient(timeout=10.0, headers=headers or {}) as client:
             said = (await client.get(f"{root}/health")).json()
     except (httpx.HTTPError, ValueError):
-        return None
-    budget = said.get("max_num_batched_tokens") if isinstance(said, dict) else None
-    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+        return ServerSays()
+    if not isinstance(said, dict):
+        return ServerSays()
+    budget = said.get("max_num_batched_tokens")
+    budget = budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+    return ServerSays(budget, KVReads.from_json(said.get("kv_reads")))
 
 
 def _error_text(body: str) -> str:

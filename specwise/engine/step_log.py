@@ -1,0 +1,43 @@
+"""Every step the engine runs, one JSON line each (`--step-log FILE`): what a step-cost model is held against.
+
+A client sees a server's steps only through its streamed chunks (bench/calibrate/samples.py); the engine
+sees each one whole. A line holds what the step computed and how long drafting, the forward and the
+verification took together:
+
+    {"start": 12.345678, "seconds": 0.0712, "fed": [1, 1, 5, 212], "cached": [310, 88, 140, 0],
+     "sampled": 7, "prompt_tokens": 212}
+
+fed[i]: rows sequence i was fed (its decode row and drafts, or a prompt chunk); cached[i]: tokens it had
+cached before the step; sampled: rows whose next-token distribution was sampled (a decode row and its
+drafts, a prompt chunk only at its prompt's end: here the 212-token chunk is not its prompt's last);
+prompt_tokens: the rows of prompt chunks; start: time.perf_counter() at the step's start.
+`benchmarks/step_log_check.py` costs each line with a profile (`StepShape.of(fed, cached, kv_reads)`) and
+prints the errors by kind of step and batch size.
+"""
+
+import json
+import time
+from contextlib import contextmanager
+
+from specwise.engine.scheduler import ScheduledBatch
+
+
+class StepLog:
+    def __init__(self, path: str):
+        self.stream = open(path, "a", encoding="utf-8", buffering=1)      # a line a step, kept if the server dies
+
+    @contextmanager
+    def step(self, batch: ScheduledBatch):
+        """Times what runs inside; the batch's shape is read first, before the step advances its sequences."""
+        fed = [new + drafts for new, drafts in zip(batch.num_new_tokens, batch.num_draft_tokens)]
+        cached = [seq.num_computed_tokens for seq in batch.seqs]
+        sampled = sum(1 + batch.num_draft_tokens[i] for i in range(len(batch.seqs)) if batch.samples(i))
+        prompt = sum(new for seq, new in zip(batch.seqs, batch.num_new_tokens) if seq.is_prefilling)
+        start = time.perf_counter()
+        yield
+        self.stream.write(json.dumps({"start": round(start, 6), "seconds": round(time.perf_counter() - start, 6),
+                                      "fed": fed, "cached": cached, "sampled": sampled,
+                                      "prompt_tokens": prompt}) + "\n")
+
+    def close(self) -> None:
+        self.stream.close()

@@ -1,0 +1,36 @@
+"""`--step-log FILE` (engine/step_log.py): every step the engine runs, one JSON line with what it computed,
+as the engine's scheduler built it, and how long it took."""
+
+import json
+
+from specwise.config import EngineConfig
+from specwise.engine.llm_engine import LLMEngine
+from specwise.sampling_params import SamplingParams
+from tiny_models import tiny_checkpoint
+
+
+def test_every_step_is_logged_with_its_shape(tmp_path):
+    """Prompts of 5 and 30 tokens at a budget of 16, 4 tokens each, no speculation: the first step prefills
+    the 5 and 11 of the 30 (sampling the 5's last row), the second decodes the 5 beside 15 more of the 30,
+    the third beside its last 4 (sampling both), and decodes follow until the 30's last."""
+    path = tmp_path / "steps.jsonl"
+    config = EngineConfig(dtype="float32", max_model_len=128, num_kv_blocks=32, max_num_batched_tokens=16,
+                          step_log=str(path))
+    engine = LLMEngine(config, tiny_checkpoint())
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine.add_prepared(list(range(1, 6)), params, "short")
+    engine.add_prepared(list(range(1, 31)), params, "long")
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == steps
+    assert all(line["seconds"] > 0 for line in lines)
+    assert [line["start"] for line in lines] == sorted(line["start"] for line in lines)
+    first, second, third = lines[:3]
+    assert (first["fed"], first["cached"], first["sampled"], first["prompt_tokens"]) == ([5, 11], [0, 0], 1, 16)
+    assert (second["fed"], second["cached"], second["sampled"], second["prompt_tokens"]) == ([1, 15], [5, 11], 1, 15)
+    assert (third["fed"], third["cached"], third["sampled"], third["prompt_tokens"]) == ([1, 4], [6, 26], 2, 4)
+    assert lines[-1]["fed"] == [1] and lines[-1]["prompt_tokens"] == 0
+    assert sum(sum(line["fed"]) for line in lines) == 5 + 30 + 2 * 3     # every prompt token and decode row once
