@@ -198,11 +198,10 @@ class LinearStepCost(StepCostModel):
 
     def with_counts(self, new_count_s: float, count_memory: int) -> "LinearStepCost":
         """This cost with a step of a token count not among the last count_memory costing new_count_s more."""
-        return LinearStepCost(self.fixed_s, self.per_token_s, self.per_kv_token_s, per_logits_row_s=self.per_logits_row_s,
-                              drafting=self.drafting, request_overhead_s=self.request_overhead_s,
-                              per_attention_pair_s=self.per_attention_pair_s, new_count_s=new_count_s,
-                              count_memory=count_memory if new_count_s else 0, kv_reads=self.kv_reads,
-                              per_attention_group_s=self.per_attention_group_s)
+        counted = LinearStepCost.from_json(self.to_json() | {NEW_COUNT: new_count_s,
+                                                             COUNT_MEMORY: count_memory if new_count_s else 0})
+        counted.drafting = self.drafting
+        return counted
 
     def for_method(self, method: str) -> "LinearStepCost":
         """The fit of the server speculating with this method, where the profile has one."""
