@@ -21,7 +21,7 @@ from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli import main
 from specwise.engine.step_profile import ProfileCost
 from specwise.sim.simulator import SimServerConfig
-from specwise.sim.validate import plan_positions, session_turns, validate
+from specwise.sim.validate import measured_workload, plan_positions, session_turns, validate
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
           "max_model_len": 512}
@@ -116,11 +116,11 @@ def test_an_endpoint_arms_k_comes_from_its_requests_counters(tmp_path, capsys):
 
 
 def test_session_turns_come_from_the_measured_workload():
-    turns = session_turns({"config": {"workload": "suite"}})
+    turns = session_turns(measured_workload({"config": {"workload": "suite"}}))
     assert turns["agentic-sql-revenue-t1"] == "agentic-sql-revenue-t0"
     assert turns["agentic-sql-revenue-t2"] == "agentic-sql-revenue-t1" and "agentic-sql-revenue-t0" not in turns
-    assert session_turns({"config": {"workload": "/no/such/file.jsonl"}}) == {}
-    assert session_turns({}) != {}                    # no config: evaluate's default workload, the suite
+    assert measured_workload({"config": {"workload": "/no/such/file.jsonl"}}) == []
+    assert session_turns(measured_workload({})) != {}      # no config: evaluate's default workload, the suite
 
 
 def test_plan_positions_are_the_order_evaluate_sends_in():
@@ -129,18 +129,18 @@ def test_plan_positions_are_the_order_evaluate_sends_in():
     from specwise.bench.load.config import LoadConfig
     from specwise.bench.load.plan import build_plan
     planned = [r.request_id for r in build_plan(LoadConfig(seed=3)).workload]
-    positions = plan_positions({"config": {"workload": "suite", "seed": 3, "order": "seeded"}})
+    positions = plan_positions(measured_workload({"config": {"workload": "suite", "seed": 3, "order": "seeded"}}))
     assert sorted(positions, key=positions.get) == planned
-    assert plan_positions({"config": {"workload": "/no/such/file.jsonl"}}) == {}
+    assert plan_positions(measured_workload({"config": {"workload": "/no/such/file.jsonl"}})) == {}
 
 
 def test_a_workload_whose_ids_repeat_has_no_plan_positions(tmp_path):
     """Two lines with one id: which record took which place cannot be told, so the replay keeps the send order."""
     run = {"config": {"workload": str(tmp_path / "w.jsonl"), "order": "file"}}
     (tmp_path / "w.jsonl").write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "y"}\n')
-    assert plan_positions(run) == {"x": 0, "y": 1}
+    assert plan_positions(measured_workload(run)) == {"x": 0, "y": 1}
     (tmp_path / "w.jsonl").write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n')
-    assert plan_positions(run) == {}
+    assert plan_positions(measured_workload(run)) == {}
 
 
 def test_a_closed_loop_is_replayed_in_the_order_its_workers_took_the_requests(tmp_path):

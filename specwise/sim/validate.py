@@ -110,8 +110,8 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     for record in measured:
         if record.arm in arms and not record.error:
             groups[(record.arm, record.load_kind, record.load_value, record.round)].append(record)
-    workload = _measured_workload(run)
-    after, places = _turns(workload), _positions(workload)
+    workload = measured_workload(run)
+    after, places = session_turns(workload), plan_positions(workload)
     predicted = []
     for (name, kind, value, round_), records in groups.items():
         predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after, places)
@@ -149,7 +149,7 @@ def _k_from_records(measured: list[RequestRecord], arm: str) -> int | None:
     return max(lengths) if lengths else None
 
 
-def _measured_workload(run: dict) -> list[WorkloadRequest]:
+def measured_workload(run: dict) -> list[WorkloadRequest]:
     """The measured run's workload read again (run.json "config"), in the order evaluate sent it
     (bench/load/plan.py: seeded unless --order file); [] where it cannot be read (a file gone) or
     is a trace."""
@@ -164,29 +164,19 @@ def _measured_workload(run: dict) -> list[WorkloadRequest]:
     return seeded_order(requests, config.get("seed", 0)) if config.get("order", "seeded") == "seeded" else requests
 
 
-def session_turns(run: dict) -> dict[str, str]:
-    """request id -> the id of the session turn before it, from the measured run's workload; {} where
-    it cannot be read or is a trace."""
-    return _turns(_measured_workload(run))
-
-
-def _turns(workload: list[WorkloadRequest]) -> dict[str, str]:
+def session_turns(workload: list[WorkloadRequest]) -> dict[str, str]:
+    """request id -> the id of the session turn before it; {} for a workload of no sessions (or none read)."""
     turns = {(r.extra.get("session"), r.extra.get("turn")): r.request_id for r in workload
              if session_key(r) is not None}
     return {rid: turns[(session, turn - 1)] for (session, turn), rid in turns.items() if (session, turn - 1) in turns}
 
 
-def plan_positions(run: dict) -> dict[str, int]:
+def plan_positions(workload: list[WorkloadRequest]) -> dict[str, int]:
     """base request id -> its place in the order evaluate's closed-loop workers took requests (a repeat
-    "id#n" is n x len(workload) places later: bench/load/arrivals.take); {} where the workload cannot
-    be read or two of its requests share an id. A turn held for the turn before it is taken at its place
-    but sent later, so the send order alone misplaces it: worked example, concurrency 2 over [a-t0,
-    a-t1, b]: a-t1 is taken second and sent when a-t0 ends; b is taken third, sent when the first worker
-    frees, before a-t1."""
-    return _positions(_measured_workload(run))
-
-
-def _positions(workload: list[WorkloadRequest]) -> dict[str, int]:
+    "id#n" is n x len(workload) places later: bench/load/arrivals.take); {} where two requests share an
+    id. A turn held for the turn before it is taken at its place but sent later, so the send order alone
+    misplaces it: worked example, concurrency 2 over [a-t0, a-t1, b]: a-t1 is taken second and sent when
+    a-t0 ends; b is taken third, sent when the first worker frees, before a-t1."""
     places = {r.request_id: index for index, r in enumerate(workload)}
     return places if len(places) == len(workload) else {}
 
