@@ -18,8 +18,10 @@ tokens read 110 + 78 = 188.
 
 Why it matters: a calibration wave's sequences hold about the same context, so its steps pad
 little, while a served mix of short and long requests pads a lot (our server at concurrency 16 on
-the suite's prompts: a decode step read 2.0x its cached tokens, and the fit through the waves
-predicted those steps 11% fast; counted as read, 5% slow). `specwise serve` says its layout on
+the suite's prompts: a decode step read 2.0x its cached tokens), and batch 64 is four groups where
+waves of 1-16 are one. Logged at the engine (docs/calculators.md), a fit of our server's own sweep
+steps predicted its evaluation's steps with a median error of 8.4% counting each sequence's own
+tokens, 4.9% counting them as read with a cost a group. `specwise serve` says its layout on
 /health; `calibrate --endpoint` counts the waves' KV that way, the profile keeps it, and the
 simulator counts its steps the same way (engine/step_fit.py StepShape.of).
 """
@@ -40,28 +42,29 @@ class KVReads:
             raise ConfigError(f"KV reads need a group size and a block size of at least 1, got "
                               f"{self.group_size}/{self.block_size}")
 
-    def padding(self, new_tokens, cached_tokens) -> float:
-        """KV tokens one step reads past its sequences' own contexts: sequence i fed new_tokens[i] rows after
-        cached_tokens[i] cached ones."""
-        return sum(sum(read - context for context in group) for read, group in self._groups(new_tokens, cached_tokens))
-
-    def groups(self, new_tokens, cached_tokens) -> int:
-        """The groups one step's attention reads the cache in (each a fixed cost of its own ops, every layer)."""
-        return sum(1 for _ in self._groups(new_tokens, cached_tokens))
-
-    def _groups(self, new_tokens, cached_tokens):
-        """(tokens each member reads, its members' contexts) per group. Rows of a speculating server's
-        calibration wave are a mean per step (2.4, say): rounded to a whole count, which is how they group
-        most steps."""
+    def read(self, new_tokens, cached_tokens) -> tuple[float, int]:
+        """(KV tokens read past the sequences' own contexts, groups read) of one step: sequence i fed
+        new_tokens[i] rows after cached_tokens[i] cached ones. Rows of a speculating server's calibration
+        wave are a mean per step (2.4, say): rounded to a whole count, which is how they group most steps."""
         contexts: dict[int, list[float]] = {}
         for new, cached in zip(new_tokens, cached_tokens):
             if cached > 0:
                 contexts.setdefault(round(new), []).append(float(cached + new))
+        padding, groups = 0.0, 0
         for same_rows in contexts.values():
             same_rows.sort()
             for start in range(0, len(same_rows), self.group_size):
                 group = same_rows[start:start + self.group_size]
-                yield math.ceil(group[-1] / self.block_size) * self.block_size, group
+                read = math.ceil(group[-1] / self.block_size) * self.block_size
+                padding, groups = padding + sum(read - context for context in group), groups + 1
+        return padding, groups
+
+    def padding(self, new_tokens, cached_tokens) -> float:
+        return self.read(new_tokens, cached_tokens)[0]
+
+    def groups(self, new_tokens, cached_tokens) -> int:
+        """Each group is a fixed cost of its own ops, every layer."""
+        return self.read(new_tokens, cached_tokens)[1]
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -126,8 +126,14 @@ class StepShape:
         if reads is not None:
             if new.ndim != 1:
                 raise ValueError("KV reads are counted one step at a time")
-            kv_tokens, groups = kv_tokens + reads.padding(new, cached), float(reads.groups(new, cached))
-        return cls(new.sum(-1), kv_tokens, attention_pairs(new, cached).sum(-1), groups)
+            padding, groups = reads.read(new, cached)
+            kv_tokens = kv_tokens + padding
+        return cls(new.sum(-1), kv_tokens, attention_pairs(new, cached).sum(-1), float(groups))
+
+    def __add__(self, other: "StepShape") -> "StepShape":
+        """Two steps' features together (a prompt prefilled in chunks, one sample)."""
+        return StepShape(self.tokens + other.tokens, self.kv_tokens + other.kv_tokens, self.pairs + other.pairs,
+                         self.groups + other.groups)
 
     def scaled(self, count: float) -> "StepShape":
         """`count` sequences like this one (each feature is a sum over sequences)."""
@@ -233,7 +239,7 @@ class LinearStepCost(StepCostModel):
     @classmethod
     def from_json(cls, data: dict, description: str = "") -> "LinearStepCost":
         """{"fixed_s", "per_token_s", "per_kv_token_s"[, "per_logits_row_s"][, "request_overhead_s"]
-        [, "per_attention_pair_s"][, "new_count_s", "count_memory"][, "kv_reads": {...}]
+        [, "per_attention_pair_s"][, "per_attention_group_s"][, "new_count_s", "count_memory"][, "kv_reads": {...}]
         [, "drafting": {method: {...}}]};
         ValueError when a coefficient is missing or not a number."""
         try:

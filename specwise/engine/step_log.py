@@ -38,6 +38,3 @@ class StepLog:
         self.stream.write(json.dumps({"start": round(start, 6), "seconds": round(time.perf_counter() - start, 6),
                                       "fed": fed, "cached": cached, "sampled": sampled,
                                       "prompt_tokens": prompt}) + "\n")
-
-    def close(self) -> None:
-        self.stream.close()

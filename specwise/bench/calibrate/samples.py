@@ -139,8 +139,7 @@ def prefill_sample(records: list[RequestRecord], max_num_batched_tokens: int | N
     chunks, cached = prompt_chunks(prompt, max_num_batched_tokens)
     # each chunk a step of its own: the features summed over the steps
     steps = [StepShape.of([n], [c], reads) for n, c in zip(chunks, cached)]
-    shape = StepShape(*(sum(getattr(step, name) for step in steps) for name in ("tokens", "kv_tokens", "pairs", "groups")))
-    return StepSample(shape, float(np.median([r.ttft - cost for r, cost in done])),
+    return StepSample(sum(steps[1:], steps[0]), float(np.median([r.ttft - cost for r, cost in done])),
                       logits_rows=1.0, first_token=True, steps=len(chunks))
 
 
