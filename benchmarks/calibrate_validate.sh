@@ -12,7 +12,8 @@
 #    against both (a sweep of at most CALIBRATE_BUDGET seconds; CALIBRATIONS of them, back to back); stops them.
 # 2. `specwise evaluate` at concurrency 1, 4, 16, 64 with and without n-gram, the servers placed the
 #    same way (vLLM: launched by evaluate --engine vllm; ours: started here, evaluated as endpoints).
-# 3. `specwise simulate --validate` with each profile and the server's batch limits and KV cache.
+# 3. `specwise simulate --validate` with each profile and the server's batch limits and KV cache; then
+#    each later sweep's predictions against the first's (benchmarks/validate_simulator.py).
 # Every step's output, the profile, both runs and the load average every 10 s go to OUT.
 set -euo pipefail
 
@@ -111,5 +112,9 @@ log "evaluated (load $(cat /proc/loadavg))"
 for n in $(seq "$CALIBRATIONS"); do
   "$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile-$n.json" "${LIMITS[@]}" \
     --output "$OUT/predicted-$n" 2>&1 | tee "$OUT/validate-$n.txt"
+done
+for n in $(seq 2 "$CALIBRATIONS"); do   # the sweeps' predictions against each other: the machine's drift between two
+  "$PY" benchmarks/validate_simulator.py "$OUT/predicted-1" "$OUT/predicted-$n" --labels "sw1,sw$n" \
+    2>&1 | tee "$OUT/sweeps-1-$n.txt"
 done
 log "done: $OUT"

@@ -1,73 +1,42 @@
-"""Simulated against measured: TPOT and output throughput per arm and load point.
+"""Two results directories of one run's load points, side by side: per arm and point the mean TTFT,
+mean TPOT, median step, output throughput, acceptance and verdict of each, the error (second / first
+- 1), then per metric the median and worst absolute error. `specwise simulate --validate MEASURED`
+prints this for a measurement and its replay itself (sim/validate.py `compare` and `report`, which
+this script calls); this is for two runs that are not one the other's replay.
 
-For the flat model, `specwise simulate --validate MEASURED --profile profile.json` replays a
-measured run request for request and prints the errors itself. This script compares any two
-results directories with the same arms and loads; the commands below are how the V0 model
-(`--scheduler v0`) was checked before the flat model existed.
+    python benchmarks/validate_simulator.py FIRST SECOND [--labels meas,sim]
 
-    specwise evaluate --methods off,ngram --concurrency 1,2,4,8,16,32,64 --per-category 2 \
-        --max-tokens 32 --duration 20 --output measured
-    specwise calibrate --output profile.json
-    specwise simulate --model smollm2-135m --profile profile.json --workload suite --per-category 2 \
-        --max-tokens 32 --duration 20 --concurrency 1,2,4,8,16,32,64 \
-        --arm ngram:k=4,from=measured,arm=ngram-k4,name=ngram-k4 \
-        --max-num-seqs 64 --max-num-batched-tokens 4096 --kv-cache-tokens 23296 --scheduler v0 --output simulated
-    python benchmarks/validate_simulator.py measured simulated
+Two calibrations of one server, a minute apart (benchmarks/calibrate_validate.sh runs CALIBRATIONS
+sweeps back to back and replays one evaluation with each profile), held against each other:
 
-The simulation gets the evaluation's flags (workload, lengths, duration, the engine's batch
-limits and KV cache: 1 GiB of fp32 KV is 23,296 tokens of SmolLM2-135M). Prints, per arm and
-load point, the figures and the relative error (simulated / measured - 1), then the median
-absolute error per metric. The issue's target: at most 15% on TPOT and on output throughput.
-Acceptance (accepted / drafted) is shown as a check of the drafting model, not a target.
+    python benchmarks/validate_simulator.py OUT/predicted-1 OUT/predicted-2 --labels sw1,sw2
+
+says how far apart the two sweeps put their predictions of the same requests. That is the machine's
+drift between two sweeps, not the model's error, and no prediction from one sweep can be expected
+closer to the measurement than the two sweeps are to each other. A measured run against a
+simulation of it (`specwise simulate` with the same arms, loads and workload, the way the V0
+scheduler was checked) compares the same way.
 """
 
 import argparse
-import statistics
 
 from specwise.bench.results import read_records, read_run_info
-from specwise.bench.report.summary import ALL, summarize
-
-METRICS = (("TPOT mean", lambda m: m.tpot.mean), ("output tok/s", lambda m: m.output_throughput),
-           ("acceptance", lambda m: m.acceptance.rate if m.acceptance else None))
-
-
-def load(results_dir: str):
-    return summarize(read_records(results_dir), read_run_info(results_dir))
+from specwise.sim.validate import Validation, compare, report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("measured", help="evaluate results directory")
-    parser.add_argument("simulated", help="simulate results directory (same arms, loads and workload)")
+    parser.add_argument("first", help="results directory (evaluate, simulate or simulate --validate --output)")
+    parser.add_argument("second", help="results directory of the same arms and load points")
+    parser.add_argument("--labels", default="meas,sim", help="the two sides' column heads (default meas,sim)")
     args = parser.parse_args()
-    measured, simulated = load(args.measured), load(args.simulated)
-    errors = {name: [] for name, _ in METRICS}
-    print(f"{'arm':<12} {'load':>6}  " + "  ".join(f"{name:>12} meas {'sim':>8} {'err':>6}" for name, _ in METRICS))
-    for row in measured.rows:
-        if row.category != ALL:
-            continue
-        twin = simulated.row(row.arm, row.load_kind, row.load_value)
-        if twin is None:
-            continue
-        cells = []
-        for name, read in METRICS:
-            real, model = read(row.metrics), read(twin.metrics)
-            error = None if not real or model is None else model / real - 1
-            if error is not None:
-                errors[name].append(abs(error))
-            cells.append(f"{_fmt(real):>17} {_fmt(model):>8} {_pct(error):>6}")
-        print(f"{row.arm:<12} {row.load_value:>6g}  " + "  ".join(cells))
-    for name, values in errors.items():
-        if values:
-            print(f"median |error| {name}: {statistics.median(values):.1%} over {len(values)} points")
-
-
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.3g}"
-
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{value:+.0%}"
+    labels = tuple(args.labels.split(","))
+    if len(labels) != 2 or not all(labels):
+        parser.error("--labels takes two names, e.g. meas,sim")
+    first, second = ([r for r in read_records(path) if not r.warmup] for path in (args.first, args.second))
+    points = compare(first, second, read_run_info(args.first))
+    print(f"{args.second} against {args.first}; error = {labels[1]} / {labels[0]} - 1")
+    print(report(Validation(points), labels, decided_by=labels[0]))
 
 
 if __name__ == "__main__":

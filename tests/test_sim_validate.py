@@ -16,12 +16,12 @@ import json
 import numpy as np
 import pytest
 
-from specwise.bench.results import RequestRecord
+from specwise.bench.results import RequestRecord, read_records, read_run_info
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli import main
 from specwise.engine.step_profile import ProfileCost
 from specwise.sim.simulator import SimServerConfig
-from specwise.sim.validate import measured_workload, plan_positions, session_turns, validate
+from specwise.sim.validate import Validation, compare, measured_workload, plan_positions, report, session_turns, validate
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
           "max_model_len": 512}
@@ -84,6 +84,23 @@ def test_validate_prints_the_errors_computed_by_hand(tmp_path, capsys):
         assert f"{name}: median |error| {np.median(values):.1%}, worst {max(values):.1%} over 2 points" in out
     assert "verdicts: 0 of 0 agree" in out            # 2 requests decide nothing
     assert (tmp_path / "predicted" / "requests.jsonl").read_text().count("\n") == 4
+
+
+def test_two_replays_compare_as_a_measurement_and_its_replay_do(tmp_path):
+    """benchmarks/validate_simulator.py holds one sweep's replay against another's: compare() takes any
+    two record sets of the run's points, the first's figures under the first's head."""
+    recorded_run(tmp_path)
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json"),
+                 "--output", str(tmp_path / "predicted")]) == 0
+    replay = read_records(tmp_path / "predicted")
+    points = compare(read_records(tmp_path), replay, read_run_info(tmp_path))
+    errors = hand_errors()
+    assert {p.arm: p.error("tpot") for p in points} == pytest.approx({arm: errors[arm]["tpot"] for arm in errors})
+    against_itself = compare(replay, replay, read_run_info(tmp_path))
+    assert all(p.error(key) == 0 for p in against_itself for key in ("ttft", "tpot", "step", "throughput"))
+    out = report(Validation(against_itself), ("sw1", "sw2"), decided_by="sw1")
+    assert "TPOT sw1" in out and "TPOT: median |error| 0.0%, worst 0.0% over 2 points" in out
+    assert "agree where sw1 decided one" in out
 
 
 def test_validate_says_which_arms_it_cannot_replay(tmp_path, capsys):

@@ -116,7 +116,7 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     for (name, kind, value, round_), records in groups.items():
         predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after, places)
     kept = [r for r in measured if r.arm in arms]
-    return Validation(_compare(kept, predicted, run), skipped, predicted)
+    return Validation(compare(kept, predicted, run), skipped, predicted)
 
 
 def _arms(run: dict, measured, results_dir, cost, deployment) -> tuple[dict[str, SpecArm], dict[str, str]]:
@@ -223,7 +223,10 @@ def _figures(summary, arm: str, kind: str, value: float) -> dict[str, float | No
             "acceptance": m.acceptance.rate if m.acceptance else None}
 
 
-def _compare(measured: list[RequestRecord], predicted: list[RequestRecord], run: dict) -> list[PointComparison]:
+def compare(measured: list[RequestRecord], predicted: list[RequestRecord], run: dict) -> list[PointComparison]:
+    """Per load point and arm of `measured`, its figures and verdict beside those of `predicted`, each
+    summarized by the report's own code under run's criteria. Any two record sets of one run's points
+    compare so: a measurement and its replay, or two replays of it (benchmarks/validate_simulator.py)."""
     criteria = run.get("criteria") or {}
     options = {key: criteria[name] for key, name in (("metric", "pay_metric"), ("margin", "margin"),
                                                      ("throughput_floor", "throughput_floor")) if name in criteria}
@@ -248,10 +251,13 @@ def _median_step(records: list[RequestRecord], arm: str, kind: str, value: float
     return statistics.median(gaps) if gaps else None
 
 
-def report(validation: Validation) -> str:
-    """The printed comparison (plain text, one line per point and arm)."""
-    head = f"{'arm':<22} {'load':>8}" + "".join(f" {name + ' meas':>12} {'pred':>9} {'err':>7}" for name, _ in METRICS)
-    lines = [head + f"  {'verdict meas / pred':>24}"]
+def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
+           decided_by: str = "the measurement") -> str:
+    """The printed comparison (plain text, one line per point and arm); labels: the two sides' column
+    heads; decided_by: the first side, in the verdicts' line."""
+    first, second = labels
+    head = f"{'arm':<22} {'load':>8}" + "".join(f" {name + ' ' + first:>12} {second:>9} {'err':>7}" for name, _ in METRICS)
+    lines = [head + f"  {'verdict ' + first + ' / ' + second:>24}"]
     for p in validation.points:
         cells = "".join(f" {_num(p.measured.get(key), key):>12} {_num(p.predicted.get(key), key):>9}"
                         f" {_pct(p.error(key)):>7}" for _, key in METRICS)
@@ -264,8 +270,8 @@ def report(validation: Validation) -> str:
                          f"over {len(errors)} points")
     decided = [p for p in validation.points if p.verdicts[0] not in (None, UNSURE)]
     agree = sum(1 for p in decided if p.verdicts[0] == p.verdicts[1])
-    lines.append(f"verdicts: {agree} of {len(decided)} agree where the measurement decided one "
-                 f"({sum(1 for p in validation.points if p.verdicts[0] == UNSURE)} points measured can't tell)")
+    lines.append(f"verdicts: {agree} of {len(decided)} agree where {decided_by} decided one "
+                 f"({sum(1 for p in validation.points if p.verdicts[0] == UNSURE)} points where it can't tell)")
     for arm, why in validation.skipped.items():
         lines.append(f"not replayed: {arm} ({why})")
     return "\n".join(lines)
