@@ -6,7 +6,6 @@ to fit, or too noisy, is refused in one line; the wave arithmetic of bench/calib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from specwise.bench.calibrate.command import _fit, parse_arms
 from specwise.bench.calibrate.counts import count_cost, count_requests
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, prompt_chunks, wave_steps
 from specwise.bench.calibrate.sweep import MAX_WINDOW_SEED, SweepDesign, Wave, _Windows
+from specwise.bench.launch.command import free_port
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
 from specwise.engine.step_fit import LinearStepCost, StepSample, StepShape
@@ -36,12 +36,6 @@ SWEEP = ["--batch-sizes", "1,2,4,8", "--prompt-tokens", "16,256", "--output-toke
 # 2-core VM every coefficient came within 0.7% quiet and within 3.4% at load average 9.
 TOLERANCE = 0.05
 TOKEN_BUDGET = 256
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

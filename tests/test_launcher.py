@@ -142,6 +142,25 @@ def test_a_signal_during_stop_kills_at_once_instead_of_abandoning(tmp_path, fake
     assert not any(alive(pid) for pid in pids(fake))
 
 
+def test_start_and_wait_serves_then_stops_with_the_servers_exit_status(tmp_path, fake, monkeypatch):
+    """What the benchmarks' and tests' servers (benchmarks/serve_process.py, tests/vllm_process.py) start
+    with: ready when it answers, its exit status from stop(); one that never answers is stopped, nothing left."""
+    arm = parse_engine_methods("off", "vllm", 4)[0]
+    server = LaunchedServer(build_command("vllm", FAKE, "/m", arm, free_port()), tmp_path / "off.log")
+    server.start_and_wait(DEADLINE)
+    started = pids(fake)
+    assert len(started) == 2 and all(alive(pid) for pid in started)
+    status = server.stop()
+    assert status == -signal.SIGTERM and not any(alive(pid) for pid in started)     # the fake dies of it
+    assert server.stop() is None
+
+    monkeypatch.setenv("FAKE_ENGINE_HANG", "1")
+    hung = LaunchedServer(build_command("vllm", FAKE, "/m", arm, free_port()), tmp_path / "hung.log")
+    with pytest.raises(LaunchError, match="not ready after 1 s"):
+        hung.start_and_wait(1.0)
+    assert hung.process is None and not any(alive(pid) for pid in pids(fake))
+
+
 def evaluate_command(output: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "specwise", "evaluate", "--engine", "vllm", "--engine-cmd", FAKE,
             "--model", "/models/hf", "--methods", "off,ngram@4", "--concurrency", "1", "--num-requests", "6",

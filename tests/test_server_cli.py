@@ -4,7 +4,6 @@ import gc
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import openai
 import pytest
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
 
+from specwise.bench.launch.command import free_port
 from specwise.cli import build_parser
 from specwise.cli_args import dataclass_from_args
 from specwise.config import EngineConfig
@@ -59,12 +59,6 @@ def test_serve_compiles_unless_told_not_to_and_other_commands_do_not():
     # evaluate: the compiled graphs if the cache holds them (None), else as told
     assert compiles(["evaluate"]) is None and compiles(["evaluate", "--compile"]) is True
     assert compiles(["evaluate", "--no-compile"]) is False
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_health(process: subprocess.Popen, base: str, timeout: float = 120) -> None:

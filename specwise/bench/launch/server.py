@@ -87,6 +87,16 @@ class LaunchedServer:
                                       f"{' | '.join(self.log_tail())}")
                 await asyncio.sleep(POLL)
 
+    def start_and_wait(self, timeout: float) -> None:
+        """start() and wait_ready() for a caller outside an event loop (a benchmark's, a test's); a server
+        that does not come up, or a Ctrl-C meanwhile, is stopped before the error goes on."""
+        self.start()
+        try:
+            asyncio.run(self.wait_ready(timeout))
+        except BaseException:
+            self.stop()
+            raise
+
     def log_tail(self, lines: int = TAIL_LINES) -> list[str]:
         try:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -101,25 +111,27 @@ class LaunchedServer:
         See root cause above."), else the last log line that names an error, else the last lines."""
         return engine_message(self.log_tail(200))
 
-    def stop(self) -> None:
-        """SIGTERM to the group, then SIGKILL to whatever is left; reaps the leader. Idempotent."""
+    def stop(self, grace: float = STOP_GRACE) -> int | None:
+        """SIGTERM to the group, up to `grace` seconds for it to leave, then SIGKILL to whatever is left;
+        reaps the leader and returns its exit status (None: it was not running). Idempotent."""
         process = self.process
         if process is None:
-            return
+            return None
         group = process.pid
         _signal_group(group, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + grace
         while not _HURRY.is_set() and time.monotonic() < deadline:
             if process.poll() is not None and not _group_alive(group):
                 break
             time.sleep(0.05)
         _signal_group(group, signal.SIGKILL)
-        process.wait()
+        status = process.wait()
         deadline = time.monotonic() + 5.0
         while _group_alive(group) and time.monotonic() < deadline:    # members not our children: init reaps
             time.sleep(0.05)
         self.process = None
         LIVE.discard(self)
+        return status
 
 
 def stop_all() -> None:
