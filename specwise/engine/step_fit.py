@@ -50,6 +50,17 @@ with the coefficients above: a 1,064-token prompt at a budget of 512 runs chunks
 tokens over 0, 512 and 1,024 cached ones: 3 x 20 + 0.5 x 1,064 + 0.002 x 1,536 = 595.1 ms, where one
 step of the whole prompt would cost 552 ms (before the pairs).
 
+A small batch costs as a few rows do (`min_tokens`, the small-batch knee): the weights are read from
+memory whatever the rows, and until the rows' arithmetic outlasts that read, a step of fewer tokens
+costs what one at the knee does. Every recorded sweep of vLLM and of ours on the 2-core machine shows
+it: batch-1 and batch-4 decodes within a millisecond or two of each other, so the line through waves
+of 1, 4, 16 and 64 sequences put all 24 batch-1 waves of twelve sweeps low (by 3-16%) and all 24
+batch-4 waves high (by 1-15%). Worked example, 20 ms + 1 ms a token with a knee of 6: batch 1 and batch 4 decodes cost 26 ms,
+batch 8 28 ms. `fit` looks for it among the decode steps, below the shortest prompt probed (a knee over
+a prefill would bend the prefill's line, which the attention pairs are for), and keeps it only where
+it cuts the residuals by more than noise would (an F-test at 95%); a drafting server's fit takes the
+plain server's knee (calibrate/command.py), whose waves place it.
+
 `fit` takes samples (a StepShape and its seconds[, logits rows, is a TTFT, steps]), solves for the
 coefficients by least squares and keeps the residuals, so a profile that does not fit says so.
 It refuses (one line) a sweep that cannot separate them: fewer than MIN_SAMPLES samples, or too
@@ -91,6 +102,11 @@ KV_READS = "kv_reads"      # optional: how the server reads the cache (kv_reads.
 OPTIONAL_COLUMNS = (3, 4, 5, 6)
 PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
+MIN_TOKENS = "min_tokens"  # optional: a step of fewer tokens costs as this many (the small-batch knee; 1 when absent)
+KNEE_STEP = 0.25           # the knee's grid, tokens
+MIN_UNDER_KNEE = 2         # samples below a knee, for it to be a level and not one sample's own residual
+MIN_COUNTS_ABOVE = 3       # distinct token counts at or above it, for the line above it
+KNEE_MIN_SPARE = 3         # samples beyond the coefficients and the knee, for its F-test (_f_95 within 8% from 3)
 
 
 @dataclass
@@ -99,6 +115,9 @@ class FitOptions:
     fit_attention_pairs: bool = field(default=False, metadata={"help": (
         "fit a cost per attention pair (a prefill convex in its length); off: pairs are counted, not "
         "costed, as three prefill lengths fit that term to their noise (docs/calculators.md)")})
+    small_batch_floor: bool = field(default=True, metadata={"help": (
+        "fit a knee below which a step costs as many tokens as at the knee (the weights are read whatever the "
+        "rows: a CPU server's batch-1 and batch-4 decodes cost alike); off: the line down to one token")})
     count_cost: bool = field(default=True, metadata={"help": (
         "calibrate --endpoint: charge a step of a token count the server has not run lately what the "
         "count probe measured (bench/calibrate/counts.py); --no-count-cost: a step costs by its shape alone")})
@@ -173,8 +192,9 @@ class LinearStepCost(StepCostModel):
     def __init__(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, description: str = "",
                  per_logits_row_s: float = 0.0, drafting: dict | None = None, request_overhead_s: float = 0.0,
                  per_attention_pair_s: float = 0.0, new_count_s: float = 0.0, count_memory: int = 0,
-                 kv_reads: KVReads | None = None, per_attention_group_s: float = 0.0):
+                 kv_reads: KVReads | None = None, per_attention_group_s: float = 0.0, min_tokens: float = 1.0):
         self.kv_reads = kv_reads            # how the server reads the cache: the KV feature counts it so
+        self.min_tokens = max(min_tokens, 1.0)       # the small-batch knee: fewer tokens cost as this many
         if new_count_s < 0 or count_memory < 0 or (new_count_s > 0 and count_memory < 1):
             raise ConfigError("a new token count's cost must be >= 0, with a memory of at least 1 count")
         self.new_count_s, self.count_memory = new_count_s, count_memory
@@ -185,6 +205,7 @@ class LinearStepCost(StepCostModel):
         row = f" + {per_logits_row_s * 1e3:.3f} ms/logits row" if per_logits_row_s else ""
         row += f" + {per_attention_pair_s * 1e9:.2f} ns/attention pair" if per_attention_pair_s else ""
         row += f" + {per_attention_group_s * 1e3:.2f} ms/attention group" if per_attention_group_s else ""
+        row += f"; a step of under {self.min_tokens:g} tokens costs as {self.min_tokens:g}" if self.min_tokens > 1 else ""
         row += f"; {request_overhead_s * 1e3:.2f} ms a request" if request_overhead_s else ""
         row += (f"; {new_count_s * 1e3:.1f} ms a step of a token count not among the last {count_memory}"
                 if new_count_s else "")
@@ -197,7 +218,7 @@ class LinearStepCost(StepCostModel):
         # logits_rows None: every token is sampled (a decode or verification step)
         tokens = np.asarray(shape.tokens, dtype=float)
         rows = tokens if logits_rows is None else np.asarray(logits_rows, dtype=float)
-        return np.maximum(self.fixed_s + self.per_token_s * tokens + self.per_logits_row_s * rows
+        return np.maximum(self.fixed_s + self.per_token_s * np.maximum(tokens, self.min_tokens) + self.per_logits_row_s * rows
                           + self.per_kv_token_s * np.asarray(shape.kv_tokens, dtype=float)
                           + self.per_attention_pair_s * np.asarray(shape.pairs, dtype=float)
                           + self.per_attention_group_s * np.asarray(shape.groups, dtype=float), 0.0)
@@ -234,6 +255,8 @@ class LinearStepCost(StepCostModel):
             extra |= {NEW_COUNT: self.new_count_s, COUNT_MEMORY: self.count_memory}
         if self.kv_reads:
             extra[KV_READS] = self.kv_reads.to_json()
+        if self.min_tokens > 1:
+            extra[MIN_TOKENS] = self.min_tokens
         return out | {key: value for key, value in extra.items() if value}
 
     @classmethod
@@ -247,6 +270,7 @@ class LinearStepCost(StepCostModel):
             row, overhead, pair, group, new = (float(data.get(key, 0.0)) for key in (
                 LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR, ATTENTION_GROUP, NEW_COUNT))
             memory = int(data.get(COUNT_MEMORY, 0))
+            knee = float(data.get(MIN_TOKENS, 1.0))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"needs {', '.join(COEFFICIENTS)} as numbers") from None
         if new < 0 or memory < 0 or (new > 0 and memory < 1):
@@ -255,7 +279,7 @@ class LinearStepCost(StepCostModel):
                     for method, fit in (data.get("drafting") or {}).items()}
         return cls(*values, description=description, per_logits_row_s=row, drafting=drafting,
                    request_overhead_s=overhead, per_attention_pair_s=pair, new_count_s=new, count_memory=memory,
-                   kv_reads=KVReads.from_json(data.get(KV_READS)), per_attention_group_s=group)
+                   kv_reads=KVReads.from_json(data.get(KV_READS)), per_attention_group_s=group, min_tokens=knee)
 
 
 class RecentCounts:
@@ -311,13 +335,15 @@ class Fit:
                                       "worst_residual": float(residuals.max()), "steps": len(self.samples)}
 
 
-def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: KVReads | None = None) -> Fit:
+def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: KVReads | None = None,
+        knee: float | None = None) -> Fit:
     """Least squares of seconds on (steps, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]);
     ConfigError when the sweep is too short. An optional column is kept only where the samples tell it
     from the others: logits rows where prefill steps sit beside decode steps, the request overhead where
     TTFTs do, attention pairs (only with options.fit_attention_pairs) where prompts of several lengths
     do (a decode's pairs are its KV tokens plus its rows: no sweep of decodes alone can tell them apart).
-    kv_reads: how the samples' KV tokens were counted (kv_reads.py), kept with the cost."""
+    kv_reads: how the samples' KV tokens were counted (kv_reads.py), kept with the cost. knee: the small-batch
+    knee to fit with (another fit's: the same server drafting); None: looked for (`_small_batch_knee`)."""
     options = options or FitOptions()
     tokens = {s.tokens for s in samples}
     kv = {s.kv_tokens for s in samples}
@@ -333,6 +359,68 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
     if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "
                           "sizes move together; vary them apart")
+    if knee is None:
+        knee, (kept, values, predicted) = _small_batch_knee(design, seconds, options)
+    else:
+        kept, values, predicted = _solve(_floored(design, knee), seconds, options)
+    cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
+                          per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
+                          per_attention_pair_s=values.get(5, 0.0), per_attention_group_s=values.get(6, 0.0),
+                          kv_reads=kv_reads, min_tokens=knee)
+    return Fit(cost, list(samples), predicted)
+
+
+def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> tuple[float, tuple]:
+    """(knee, the solve at it): the token count below which a step costs as many, chosen by least squares
+    on a grid of KNEE_STEP tokens below the largest decode step and the shortest prompt probed (1: none). A knee is a candidate only where at
+    least MIN_UNDER_KNEE samples lie below it and MIN_COUNTS_ABOVE distinct token counts at or above it hold
+    the line, and it is kept only where it cuts the squared residuals by more than noise would: an F-test of
+    the one term more at 95%, on at least KNEE_MIN_SPARE spare samples. Else, and with
+    options.small_batch_floor off, 1."""
+    plain = _solve(design, seconds, options)
+    if not options.small_batch_floor:
+        return 1.0, plain
+    per_step = design[:, 1] / design[:, 0]              # a chunked prefill's steps: each about its mean
+    # looked for among the decode steps, below the shortest prompt probed: where it would floor a prefill, it
+    # would bend the prefill's line, which the attention pairs are for
+    highest = min(per_step[design[:, 4] == 0].max(initial=1.0), per_step[design[:, 4] == 1].min(initial=np.inf))
+    best, best_error = (1.0, plain), _squared_error(plain[2], seconds)
+    for knee in np.arange(1.0 + KNEE_STEP, highest, KNEE_STEP):
+        if (np.sum(per_step < knee) < MIN_UNDER_KNEE
+                or len(np.unique(per_step[per_step >= knee])) < MIN_COUNTS_ABOVE):
+            continue
+        solved = _solve(_floored(design, knee), seconds, options)
+        if (error := _squared_error(solved[2], seconds)) < best_error:
+            best, best_error = (float(knee), solved), error
+    spare = len(seconds) - len(best[1][0]) - 1           # samples beyond the coefficients and the knee
+    plain_error = _squared_error(plain[2], seconds)
+    if best[0] == 1.0 or spare < KNEE_MIN_SPARE or (plain_error - best_error) <= _f_95(spare) * best_error / spare:
+        return 1.0, plain
+    return best
+
+
+def _floored(design: np.ndarray, knee: float) -> np.ndarray:
+    """The design with each step's tokens at least the knee (a sample of several steps: knee tokens a step)."""
+    floored = design.copy()
+    floored[:, 1] = np.maximum(design[:, 1], knee * design[:, 0])
+    return floored
+
+
+def _squared_error(predicted: np.ndarray, seconds: np.ndarray) -> float:
+    """The fit's objective: relative residuals, squared and summed."""
+    return float(np.sum((predicted / seconds - 1) ** 2))
+
+
+def _f_95(dof: int) -> float:
+    """The 95th percentile of F(1, dof), Student's t at 97.5% squared, t by its Cornish-Fisher expansion to
+    1/dof^2: 6.5 at 5 spare samples (6.61 exactly), 4.95 at 10 (4.96), 3.84 as they grow."""
+    z = 1.959964
+    t = z + (z ** 3 + z) / (4 * dof) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * dof ** 2)
+    return t * t
+
+
+def _solve(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> tuple[list[int], dict[int, float], np.ndarray]:
+    """(columns kept, their non-negative coefficients, [samples] predicted seconds)."""
     # the optional terms, each kept only where the samples separate it from the terms kept before it
     kept = [0, 1, 2]
     for column in OPTIONAL_COLUMNS:
@@ -354,12 +442,7 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
         if not negative:
             break
         kept.remove(min(negative, key=lambda column: values[column] * _scale(design, column, seconds)))
-    values = {column: max(value, 0.0) for column, value in values.items()}
-    cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
-                          per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
-                          per_attention_pair_s=values.get(5, 0.0), per_attention_group_s=values.get(6, 0.0),
-                          kv_reads=kv_reads)
-    return Fit(cost, list(samples), design[:, kept] @ solved)
+    return kept, {column: max(value, 0.0) for column, value in values.items()}, design[:, kept] @ solved
 
 
 def _scale(design: np.ndarray, column: int, seconds: np.ndarray) -> float:

@@ -141,9 +141,15 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
     counts = {name: _count_cost(name, sweep.counts.get(name)) for name in urls} if asked else {}
     budget = calibration["design"].get("max_num_batched_tokens")
     reads = KVReads.parse(calibration["design"].get("kv_reads") or "none")
-    fits = {name: _fit(name, [w for w in sweep.waves if w.endpoint == name],
-                       [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads)
-            for name in urls}
+    # the plain server first: its small-batch knee (the weights read whatever the rows) is the machine's and
+    # the model's, and its waves of 1, 4, 16, 64 sequences place it; a drafting server's waves (rows 1.5-2 a
+    # sequence at batch 1, 7-12 at 4) cannot, so its fit takes the plain server's knee
+    fits = {PLAIN: _fit(PLAIN, [w for w in sweep.waves if w.endpoint == PLAIN],
+                        [p for p in sweep.probes if p.endpoint == PLAIN], options, counts.get(PLAIN), budget, reads)}
+    knee = fits[PLAIN].cost.min_tokens
+    fits |= {name: _fit(name, [w for w in sweep.waves if w.endpoint == name],
+                        [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads, knee)
+             for name in urls if name != PLAIN}
     linear = fits[PLAIN].to_json()
     if len(urls) > 1:
         linear["drafting"] = {method: fits[method].to_json() for method in urls if method != PLAIN}
@@ -170,8 +176,10 @@ def _count_cost(name: str, records) -> CountCost | None:
 
 
 def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions | None = None,
-         counts: CountCost | None = None, budget: int | None = None, reads: KVReads | None = None) -> Fit:
-    """The endpoint's fit; with a count cost, its prefill probes' TTFTs less what their new counts cost."""
+         counts: CountCost | None = None, budget: int | None = None, reads: KVReads | None = None,
+         knee: float | None = None) -> Fit:
+    """The endpoint's fit; with a count cost, its prefill probes' TTFTs less what their new counts cost; knee:
+    the small-batch knee to fit with (None: looked for)."""
     samples = [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode]
     if counts and counts.new_count_s:
         costs = paid([probe.records for probe in probes], counts, budget)
@@ -181,7 +189,7 @@ def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions 
     samples += [probe.sample for probe in probes if probe.sample]
     dropped = sum(1 for wave in waves if not wave.steps or wave.steps.decode is None)
     try:
-        result = fit(samples, options, reads)
+        result = fit(samples, options, reads, knee)
         if counts and counts.new_count_s:
             result.cost = result.cost.with_counts(counts.new_count_s, counts.memory)
     except ConfigError as error:
