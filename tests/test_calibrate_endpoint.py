@@ -16,14 +16,14 @@ import pytest
 
 import numpy as np
 
-from specwise.bench.calibrate.command import _fit, parse_arms
+from specwise.bench.calibrate.command import _fit, parse_arms, with_pairs_decided
 from specwise.bench.calibrate.counts import count_cost, count_requests
 from specwise.bench.calibrate.samples import WaveSteps, prefill_sample, prompt_chunks, wave_steps
-from specwise.bench.calibrate.sweep import MAX_WINDOW_SEED, SweepDesign, Wave, _Windows
+from specwise.bench.calibrate.sweep import MAX_WINDOW_SEED, Probe, SweepDesign, Wave, _Windows
 from specwise.bench.launch.command import free_port
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
-from specwise.engine.step_fit import LinearStepCost, StepSample, StepShape
+from specwise.engine.step_fit import FitOptions, LinearStepCost, StepSample, StepShape
 from specwise.engine.step_profile import load_step_cost
 from specwise.errors import ConfigError, InputError
 
@@ -125,7 +125,10 @@ def test_a_server_that_prefills_in_chunks_is_fitted_by_its_token_budget(chunking
         assert fitted[key] == pytest.approx(known, rel=TOLERANCE), key
     assert "(4 steps)" in out and data["calibration"]["design"]["max_num_batched_tokens"] == TOKEN_BUDGET
     unknown, again = tmp_path / "unknown.json", tmp_path / "again.json"
-    assert main(["calibrate", "--endpoint", chunking_server[0], *SWEEP, "--output", str(unknown)]) == 0
+    # a line: with the probes taken as one step each, the attention pairs (fitted by default then) would bend
+    # it to the chunks' cost
+    assert main(["calibrate", "--endpoint", chunking_server[0], *SWEEP, "--no-fit-attention-pairs",
+                 "--output", str(unknown)]) == 0
     out = capsys.readouterr().out
     assert "the server does not say its token budget" in out and "(4 steps)" not in out
     assert json.loads(unknown.read_text())["linear"]["worst_residual"] > 0.05
@@ -396,3 +399,20 @@ def test_a_recorded_sweep_is_refitted_without_a_server(servers, tmp_path, capsys
     assert "refitted from" in capsys.readouterr().out
     assert main(["calibrate", "--refit", str(tmp_path / "profile.requests.jsonl"), "--output", str(again)]) == 2
     assert "not a profile written by calibrate --endpoint" in capsys.readouterr().err
+
+
+def test_attention_pairs_are_fitted_where_the_server_prefilled_every_probe_whole():
+    """calibrate --endpoint's default: pairs fitted for a server that ran each probe in one step (vLLM at its
+    budget of 2,048), not for one that ran the longest in chunks (ours at 512); a flag given stands."""
+    def probes(budget):
+        return [Probe("off", n, [], prefill_sample_of(n, budget)) for n in (32, 256, 1024)]
+    assert with_pairs_decided(FitOptions(), probes(2048)).fit_attention_pairs is True
+    assert with_pairs_decided(FitOptions(), probes(512)).fit_attention_pairs is False
+    assert with_pairs_decided(FitOptions(fit_attention_pairs=False), probes(2048)).fit_attention_pairs is False
+    assert with_pairs_decided(FitOptions(fit_attention_pairs=True), probes(512)).fit_attention_pairs is True
+
+
+def prefill_sample_of(prompt: int, budget: int) -> StepSample:
+    record = RequestRecord(arm="off", method="off", load_kind="concurrency", load_value=1, category="chat",
+                           request_id="prefill-p1-0", prompt_tokens=prompt, output_tokens=1, send_time=0.0, ttft=0.1)
+    return prefill_sample([record], budget)

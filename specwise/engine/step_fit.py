@@ -24,11 +24,11 @@ computes n (n + 1) / 2 pairs among its own tokens, which makes a prefill's time 
 length (our server on the 2-core machine: TTFTs of 53, 156 and 667 ms at 30, 229 and 914 tokens,
 which the straight line through them misses by 11% at 229 and 914 tokens), and a verification of
 1 + k rows reads c cached tokens but computes (1 + k) c pairs. Counted always, fitted only when
-asked (FitOptions.fit_attention_pairs, `calibrate --fit-attention-pairs`) and where the samples
-separate it (prefill steps, or steps of several rows a sequence, beside decodes of one), else 0:
-calibrate --endpoint's three prefill lengths pin a prefill's constant (request overhead), linear and
-quadratic parts exactly, noise and all, and the recorded runs' replays came out worse with it
-(docs/calculators.md). `StepShape.of` counts all three features from each sequence's rows and
+asked (FitOptions.fit_attention_pairs: `calibrate --endpoint` asks where the server prefilled each probe
+in one step, bench/calibrate/command.py) and where the samples separate it (prefill steps, or steps of
+several rows a sequence, beside decodes of one), else 0: against our server, whose longer prompts run
+in chunks that read the earlier ones through its grouped cache reads, the recorded replays came out
+worse with it; against vLLM it cut the worst TTFT in every sweep (docs/calculators.md). `StepShape.of` counts all three features from each sequence's rows and
 cache, for every side alike: the simulator's steps (sim/flat.py), a server's waves and prefills
 (bench/calibrate/samples.py) and our engine's timed steps (engine_cli.py).
 
@@ -112,9 +112,11 @@ KNEE_MIN_SPARE = 3         # samples beyond the coefficients and the knee, for i
 @dataclass
 class FitOptions:
     """Which optional terms `fit` may add (`specwise calibrate` flags, both for our engine and --endpoint)."""
-    fit_attention_pairs: bool = field(default=False, metadata={"help": (
-        "fit a cost per attention pair (a prefill convex in its length); off: pairs are counted, not "
-        "costed, as three prefill lengths fit that term to their noise (docs/calculators.md)")})
+    fit_attention_pairs: bool | None = field(default=None, metadata={"help": (
+        "fit a cost per attention pair (a prefill convex in its length); off: pairs are counted, not costed. "
+        "Default: calibrate --endpoint fits them where the server prefilled every probe in one step (vLLM, "
+        "SGLang at their token budgets), not where a longer one ran in chunks (ours); our engine's calibrate "
+        "does not (docs/calculators.md)")})
     small_batch_floor: bool = field(default=True, metadata={"help": (
         "fit a knee below which a step costs as many tokens as at the knee (the weights are read whatever the "
         "rows: a CPU server's batch-1 and batch-4 decodes cost alike); off: the line down to one token")})

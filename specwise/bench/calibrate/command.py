@@ -136,7 +136,13 @@ def refit(profile_path: str, output: str, options: FitOptions | None = None,
 
 def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model: str, output: str,
                    options: FitOptions | None) -> dict:
-    options = options or FitOptions()
+    asked = options or FitOptions()
+    options = with_pairs_decided(asked, sweep.probes)
+    if asked.fit_attention_pairs is None:
+        print("calibrate: " + ("every prefill probe ran in one step: a cost per attention pair is fitted"
+                               if options.fit_attention_pairs else
+                               "a prefill probe ran in chunks: attention pairs are counted, not costed")
+              + " (--fit-attention-pairs or --no-fit-attention-pairs to choose)")
     asked = options.count_cost and bool(calibration["design"].get("count_probes"))
     counts = {name: _count_cost(name, sweep.counts.get(name)) for name in urls} if asked else {}
     budget = calibration["design"].get("max_num_batched_tokens")
@@ -161,6 +167,20 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
     with open(output, "w", encoding="utf-8") as stream:
         json.dump(profile, stream, indent=1)
     return profile
+
+
+def with_pairs_decided(options: FitOptions, probes: list[Probe]) -> FitOptions:
+    """options with the attention pairs fitted, where left to calibrate (None), if the server prefilled every
+    probe in one step. A prompt prefilled whole computes n (n + 1) / 2 pairs, which a line in its tokens cannot
+    follow: four prompts admitted into one step cost far less than one prompt as long (vLLM, 2026-12-06: 757 ms
+    measured at concurrency 4, 905 predicted without the pairs, 724 with them), and the pairs cut the worst
+    TTFT in all six vLLM sweeps tried. A server that runs a longer prompt in chunks (ours, 512 tokens a step)
+    computes a later chunk's pairs against the cache, on another path at another cost a pair, and its replays
+    came out worse with them in most sweeps."""
+    if options.fit_attention_pairs is not None:
+        return options
+    whole = bool(probes) and all(probe.sample is None or probe.sample.steps == 1 for probe in probes)
+    return dataclasses.replace(options, fit_attention_pairs=whole)
 
 
 def _count_cost(name: str, records) -> CountCost | None:
