@@ -36,7 +36,7 @@ class ServeProcess:
         self.exit_status: int | None = None
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return self.server.command.url + path
 
     def __enter__(self) -> "ServeProcess":
         self.server.start_and_wait(START_TIMEOUT_S)

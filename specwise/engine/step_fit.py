@@ -28,9 +28,10 @@ asked (FitOptions.fit_attention_pairs: `calibrate --endpoint` asks where the ser
 in one step, bench/calibrate/command.py) and where the samples separate it (prefill steps, or steps of
 several rows a sequence, beside decodes of one), else 0: against our server, whose longer prompts run
 in chunks that read the earlier ones through its grouped cache reads, the recorded replays came out
-worse with it; against vLLM it cut the worst TTFT in every sweep (docs/calculators.md). `StepShape.of` counts all three features from each sequence's rows and
-cache, for every side alike: the simulator's steps (sim/flat.py), a server's waves and prefills
-(bench/calibrate/samples.py) and our engine's timed steps (engine_cli.py).
+worse with it; against vLLM it cut the worst TTFT in every sweep (docs/calculators.md). `StepShape.of`
+counts all three features from each sequence's rows and cache, for every side alike: the simulator's
+steps (sim/flat.py), a server's waves and prefills (bench/calibrate/samples.py) and our engine's timed
+steps (engine_cli.py).
 
 A request also waits outside any step: the HTTP round trip, tokenizing the prompt, the first
 chunk's way back. A server's TTFT is that request overhead plus its prefill step; where the samples
@@ -55,11 +56,11 @@ memory whatever the rows, and until the rows' arithmetic outlasts that read, a s
 costs what one at the knee does. Every recorded sweep of vLLM and of ours on the 2-core machine shows
 it: batch-1 and batch-4 decodes within a millisecond or two of each other, so the line through waves
 of 1, 4, 16 and 64 sequences put all 24 batch-1 waves of twelve sweeps low (by 3-16%) and all 24
-batch-4 waves high (by 1-15%). Worked example, 20 ms + 1 ms a token with a knee of 6: batch 1 and batch 4 decodes cost 26 ms,
-batch 8 28 ms. `fit` looks for it among the decode steps, below the shortest prompt probed (a knee over
-a prefill would bend the prefill's line, which the attention pairs are for), and keeps it only where
-it cuts the residuals by more than noise would (an F-test at 95%); a drafting server's fit takes the
-plain server's knee (calibrate/command.py), whose waves place it.
+batch-4 waves high (by 1-15%). Worked example, 20 ms + 1 ms a token with a knee of 6: batch 1 and
+batch 4 decodes cost 26 ms, batch 8 28 ms. `fit` looks for it among the decode steps, below the
+shortest prompt probed (a knee over a prefill would bend the prefill's line, which the attention pairs
+are for), and keeps it only where it cuts the residuals by more than noise would (an F-test at 95%); a
+drafting server's fit takes the plain server's knee (calibrate/command.py), whose waves place it.
 
 `fit` takes samples (a StepShape and its seconds[, logits rows, is a TTFT, steps]), solves for the
 coefficients by least squares and keeps the residuals, so a profile that does not fit says so.
@@ -207,7 +208,8 @@ class LinearStepCost(StepCostModel):
         row = f" + {per_logits_row_s * 1e3:.3f} ms/logits row" if per_logits_row_s else ""
         row += f" + {per_attention_pair_s * 1e9:.2f} ns/attention pair" if per_attention_pair_s else ""
         row += f" + {per_attention_group_s * 1e3:.2f} ms/attention group" if per_attention_group_s else ""
-        row += f"; a step of under {self.min_tokens:g} tokens costs as {self.min_tokens:g}" if self.min_tokens > 1 else ""
+        knee = self.min_tokens
+        row += f"; a step of under {knee:g} tokens costs as {knee:g}" if knee > 1 else ""
         row += f"; {request_overhead_s * 1e3:.2f} ms a request" if request_overhead_s else ""
         row += (f"; {new_count_s * 1e3:.1f} ms a step of a token count not among the last {count_memory}"
                 if new_count_s else "")
@@ -220,7 +222,8 @@ class LinearStepCost(StepCostModel):
         # logits_rows None: every token is sampled (a decode or verification step)
         tokens = np.asarray(shape.tokens, dtype=float)
         rows = tokens if logits_rows is None else np.asarray(logits_rows, dtype=float)
-        return np.maximum(self.fixed_s + self.per_token_s * np.maximum(tokens, self.min_tokens) + self.per_logits_row_s * rows
+        return np.maximum(self.fixed_s + self.per_token_s * np.maximum(tokens, self.min_tokens)
+                          + self.per_logits_row_s * rows
                           + self.per_kv_token_s * np.asarray(shape.kv_tokens, dtype=float)
                           + self.per_attention_pair_s * np.asarray(shape.pairs, dtype=float)
                           + self.per_attention_group_s * np.asarray(shape.groups, dtype=float), 0.0)
@@ -421,7 +424,8 @@ def _f_95(dof: int) -> float:
     return t * t
 
 
-def _solve(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> tuple[list[int], dict[int, float], np.ndarray]:
+def _solve(design: np.ndarray, seconds: np.ndarray,
+           options: FitOptions) -> tuple[list[int], dict[int, float], np.ndarray]:
     """(columns kept, their non-negative coefficients, [samples] predicted seconds)."""
     # the optional terms, each kept only where the samples separate it from the terms kept before it
     kept = [0, 1, 2]

@@ -256,7 +256,8 @@ def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
     """The printed comparison (plain text, one line per point and arm); labels: the two sides' column
     heads; decided_by: the first side, in the verdicts' line."""
     first, second = labels
-    head = f"{'arm':<22} {'load':>8}" + "".join(f" {name + ' ' + first:>12} {second:>9} {'err':>7}" for name, _ in METRICS)
+    head = f"{'arm':<22} {'load':>8}" + "".join(f" {name + ' ' + first:>12} {second:>9} {'err':>7}"
+                                              for name, _ in METRICS)
     lines = [head + f"  {'verdict ' + first + ' / ' + second:>24}"]
     for p in validation.points:
         cells = "".join(f" {_num(p.measured.get(key), key):>12} {_num(p.predicted.get(key), key):>9}"

@@ -136,9 +136,9 @@ def refit(profile_path: str, output: str, options: FitOptions | None = None,
 
 def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model: str, output: str,
                    options: FitOptions | None) -> dict:
-    asked = options or FitOptions()
-    options = with_pairs_decided(asked, sweep.probes)
-    if asked.fit_attention_pairs is None:
+    given = options or FitOptions()
+    options = with_pairs_decided(given, sweep.probes)
+    if given.fit_attention_pairs is None:
         print("calibrate: " + ("every prefill probe ran in one step: a cost per attention pair is fitted"
                                if options.fit_attention_pairs else
                                "a prefill probe ran in chunks: attention pairs are counted, not costed")
@@ -150,12 +150,12 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
     # the plain server first: its small-batch knee (the weights read whatever the rows) is the machine's and
     # the model's, and its waves of 1, 4, 16, 64 sequences place it; a drafting server's waves (rows 1.5-2 a
     # sequence at batch 1, 7-12 at 4) cannot, so its fit takes the plain server's knee
-    fits = {PLAIN: _fit(PLAIN, [w for w in sweep.waves if w.endpoint == PLAIN],
-                        [p for p in sweep.probes if p.endpoint == PLAIN], options, counts.get(PLAIN), budget, reads)}
-    knee = fits[PLAIN].cost.min_tokens
-    fits |= {name: _fit(name, [w for w in sweep.waves if w.endpoint == name],
-                        [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads, knee)
-             for name in urls if name != PLAIN}
+    def endpoint_fit(name: str, knee: float | None = None) -> Fit:
+        return _fit(name, [w for w in sweep.waves if w.endpoint == name],
+                    [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads, knee)
+
+    fits = {PLAIN: endpoint_fit(PLAIN)}
+    fits |= {name: endpoint_fit(name, fits[PLAIN].cost.min_tokens) for name in urls if name != PLAIN}
     linear = fits[PLAIN].to_json()
     if len(urls) > 1:
         linear["drafting"] = {method: fits[method].to_json() for method in urls if method != PLAIN}
