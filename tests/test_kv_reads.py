@@ -11,8 +11,9 @@ from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.load.arrivals import LoadPoint
 from specwise.calc.arms import OFF
 from specwise.engine.kv_reads import KVReads
+from specwise.engine.linear_cost import LinearStepCost, StepShape
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.step_fit import LinearStepCost, StepSample, StepShape, fit
+from specwise.engine.step_fit import StepSample, fit
 from specwise.errors import ConfigError
 from specwise.models.attention import GROUP_SIZE
 from specwise.models.llama import LlamaForCausalLM

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from specwise.engine.step_fit import (FitOptions, LinearStepCost, RecentCounts, StepSample, StepShape, fit,
-                                      grid_samples)
+from specwise.engine.linear_cost import LinearStepCost, RecentCounts, StepShape
+from specwise.engine.step_fit import FitOptions, StepSample, fit, grid_samples
 from specwise.engine.step_profile import load_step_cost
 from specwise.errors import ConfigError
 

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specwise.engine.linear_cost import LinearStepCost
 from specwise.engine.step_cost import StepCostModel, check_step_shape
-from specwise.engine.step_fit import LinearStepCost
 from specwise.errors import InputError
 
 PROFILE_FORMAT = "specwise-step-profile"
@@ -136,7 +136,7 @@ def prefill_prompts(total: int, prompt_len: int) -> tuple[int, int]:
 
 def load_step_cost(path) -> StepCostModel:
     """A profile file as a step-cost model: its grid (ProfileCost) where it has one, else its
-    linear fit ("linear": {"fixed_s", "per_token_s", "per_kv_token_s"}, engine/step_fit.py)."""
+    linear fit ("linear": {"fixed_s", "per_token_s", "per_kv_token_s"}, engine/linear_cost.py)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

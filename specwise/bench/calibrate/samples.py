@@ -18,7 +18,7 @@ transport jitter; only the two ends of each span do, so a window of N steps errs
 What a step computed, from each request's counters: rows = 1 + draft rows (drafted tokens per
 decode step of that request: its draft_tokens / (output - 1 - accepted); 0 without speculation),
 logits rows = rows, cached = its prompt + the tokens it had made at the middle of the window, less
-the step's input token; the step's features are those of these sequences (engine/step_fit.py
+the step's input token; the step's features are those of these sequences (engine/linear_cost.py
 StepShape: tokens, KV tokens read, attention pairs). Worked example: 4 requests of 100-token prompts,
 no drafts, window from their 9th to their 29th chunk over 0.8 s: step 0.8 / 20 = 40 ms, 4 tokens,
 4 x (100 + 19 - 1) = 472 KV tokens, 4 x 119 = 476 attention pairs.
@@ -42,7 +42,8 @@ import numpy as np
 
 from specwise.bench.results import RequestRecord
 from specwise.engine.kv_reads import KVReads
-from specwise.engine.step_fit import StepSample, StepShape
+from specwise.engine.linear_cost import StepShape
+from specwise.engine.step_fit import StepSample
 
 EDGE = 0.5                  # a chunk within half a step of t0 or t1 counts as inside the window
 MIN_WINDOW_STEPS = 3

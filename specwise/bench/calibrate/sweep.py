@@ -1,5 +1,5 @@
 """`specwise calibrate --endpoint URL`: a short designed sweep against any OpenAI-compatible server,
-fitted to the step-cost model the simulator reads (engine/step_fit.py).
+fitted to the step-cost model the simulator reads (engine/linear_cost.py, engine/step_fit.py).
 
 The design: first, for each prefill length, `prefill_repeats` single requests of one output
 token, one after another: a prefill step each (its TTFT). Then, where asked (`count_probes`), the
