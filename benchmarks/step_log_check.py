@@ -22,10 +22,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specwise.engine.kv_reads import KVReads                                            # noqa: E402
-from specwise.engine.linear_cost import LinearStepCost, StepShape  # noqa: E402
-from specwise.engine.step_fit import StepSample, fit          # noqa: E402
-from specwise.engine.step_profile import load_step_cost                                  # noqa: E402
+from specwise.engine.cost.kv_reads import KVReads                                            # noqa: E402
+from specwise.engine.cost.linear_cost import LinearStepCost, StepShape  # noqa: E402
+from specwise.engine.cost.step_fit import StepSample, fit          # noqa: E402
+from specwise.engine.cost.step_profile import load_step_cost                                  # noqa: E402
 
 BATCHES = [(1, 1), (2, 7), (8, 16), (17, 47), (48, 1 << 20)]
 

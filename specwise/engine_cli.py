@@ -15,9 +15,9 @@ from specwise.bench.calibrate.sweep import SweepDesign
 from specwise.bench.inputs.suite import CATEGORIES, parse_categories
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.config import EngineConfig
-from specwise.engine.linear_cost import StepShape
-from specwise.engine.step_fit import FitOptions, StepSample, fit, grid_samples
-from specwise.engine.step_profile import ProfileCost, prefill_prompts
+from specwise.engine.cost.linear_cost import StepShape
+from specwise.engine.cost.step_fit import FitOptions, StepSample, fit, grid_samples
+from specwise.engine.cost.step_profile import ProfileCost, prefill_prompts
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 

@@ -8,8 +8,8 @@ import pytest
 from specwise.calc.catalog import GIB
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.latency import LatencyConfig, estimate_latency
-from specwise.engine.step_profile import ProfileCost
 from specwise.calc.roofline import RooflineCost
+from specwise.engine.cost.step_profile import ProfileCost
 from specwise.errors import ConfigError, InputError
 
 

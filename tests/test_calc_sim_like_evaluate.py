@@ -10,7 +10,7 @@ from specwise.bench.inputs.request import WorkloadRequest
 from specwise.calc.acceptance import measured_acceptance
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.cost.step_profile import ProfileCost
 from specwise.sim.records import build_records
 from specwise.sim.simulator import SimServerConfig, Simulator
 from specwise.errors import ConfigError

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.cost.step_profile import ProfileCost
 from specwise.engine_cli import timed_prefill_sample
 from specwise.cli import build_parser, main
 from specwise.cli_args import dataclass_from_args
-from specwise.engine.step_fit import FitOptions
+from specwise.engine.cost.step_fit import FitOptions
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
 
 ENGINE = ["--num-kv-blocks", "64", "--max-model-len", "64", "--max-num-batched-tokens", "256"]
@@ -36,7 +36,7 @@ def test_calibrate_writes_a_profile_with_its_grid_and_prefill_axis(tmp_path, mod
     assert profile.prefill_time([64, 64]) == pytest.approx(data["prefill_seconds"][-1])
     out = capsys.readouterr().out
     assert "wrote" in out
-    # the linear fit of the same steps (engine/step_fit.py), with its residuals printed
+    # the linear fit of the same steps (engine/cost/step_fit.py), with its residuals printed
     assert {"fixed_s", "per_token_s", "per_kv_token_s", "median_residual", "worst_residual"} <= set(data["linear"])
     assert "fitted linear:" in out and "residuals over 12 steps" in out
     assert "per_attention_pair_s" not in data["linear"]           # counted, fitted only when asked

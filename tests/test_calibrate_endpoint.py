@@ -23,9 +23,9 @@ from specwise.bench.calibrate.sweep import MAX_WINDOW_SEED, Probe, SweepDesign, 
 from specwise.bench.launch.command import free_port
 from specwise.bench.results import RequestRecord
 from specwise.cli import main
-from specwise.engine.linear_cost import LinearStepCost, StepShape
-from specwise.engine.step_fit import FitOptions, StepSample
-from specwise.engine.step_profile import load_step_cost
+from specwise.engine.cost.linear_cost import LinearStepCost, StepShape
+from specwise.engine.cost.step_fit import FitOptions, StepSample
+from specwise.engine.cost.step_profile import load_step_cost
 from specwise.errors import ConfigError, InputError
 
 FAKE = Path(__file__).parent / "fake_engine.py"

@@ -1,4 +1,4 @@
-"""How a server reads its KV cache (engine/kv_reads.py): the docstring's worked example, the padding and
+"""How a server reads its KV cache (engine/cost/kv_reads.py): the docstring's worked example, the padding and
 groups equal to what our model runner's attention groups read (the runner's own `prepare`, not a copy of
 its rule), a step's features with the reads, the fit recovering a group's cost, and the simulator costing
 a step as the server reads it."""
@@ -10,10 +10,10 @@ import torch
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.load.arrivals import LoadPoint
 from specwise.calc.arms import OFF
-from specwise.engine.kv_reads import KVReads
-from specwise.engine.linear_cost import LinearStepCost, StepShape
+from specwise.engine.cost.kv_reads import KVReads
+from specwise.engine.cost.linear_cost import LinearStepCost, StepShape
+from specwise.engine.cost.step_fit import StepSample, fit
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.step_fit import StepSample, fit
 from specwise.errors import ConfigError
 from specwise.models.attention import GROUP_SIZE
 from specwise.models.llama import LlamaForCausalLM

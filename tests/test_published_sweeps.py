@@ -13,7 +13,7 @@ from specwise.calc.arms import parse_arm
 from specwise.calc.catalog import gpu_names
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.throughput import decode_rates
-from specwise.engine.linear_cost import LinearStepCost
+from specwise.engine.cost.linear_cost import LinearStepCost
 from specwise.errors import ConfigError
 from specwise.sim.published import (ROLES, Prediction, PublishedPoint, deployment_for, load_points,
                                     load_step_time_fits, median_abs_error, not_reproduced, predict,
@@ -98,7 +98,7 @@ def test_a_batch_point_is_predicted_by_the_throughput_calculator(tmp_path):
 
 def test_a_published_step_time_fit_stands_in_for_the_roofline_on_the_points_it_covers(tmp_path):
     """It covers a point of the same GPU, tp and model whatever the aliases; its prediction is
-    decode_rates' ratio on engine/linear_cost.py's LinearStepCost with the fit's coefficients."""
+    decode_rates' ratio on engine/cost/linear_cost.py's LinearStepCost with the fit's coefficients."""
     other_tp = {**SERIES, "id": "toy-tp2", "tp": 2, "points": [{"load": 4, "published": 1.1}]}
     path = write(tmp_path, SERIES, other_tp, fits=[FIT])
     points, fits = load_points(path), load_step_time_fits(path)

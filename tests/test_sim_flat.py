@@ -13,7 +13,7 @@ from specwise.bench.results import RequestRecord
 from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.cost.step_profile import ProfileCost
 from specwise.sim.flat import FlatSimulator
 from specwise.sim.request_acceptance import Draws, from_counts
 from specwise.sim.simulator import SimServerConfig
@@ -119,7 +119,7 @@ def test_a_linear_model_costs_the_flat_step_as_it_is():
     """fixed 10 ms + 1 ms a row + 0.1 ms a KV token read: the prefill of 8 rows costs 18 ms; the
     decode steps verify 1 + 1 rows (max_tokens leaves room for 1 draft) over 8 cached tokens:
     10 + 2 + 0.8 = 12.8 ms. a accepts everything: 3 tokens, done at 30.8 ms."""
-    from specwise.engine.linear_cost import LinearStepCost
+    from specwise.engine.cost.linear_cost import LinearStepCost
     request = WorkloadRequest(request_id="a", category="chat", max_tokens=3, prompt_tokens=8)
     arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
     result = FlatSimulator(LinearStepCost(0.010, 0.001, 0.0001), SimServerConfig(), 1000).run(
@@ -129,13 +129,13 @@ def test_a_linear_model_costs_the_flat_step_as_it_is():
 
 
 def test_a_prompt_chunk_after_its_cached_part_costs_its_attention_pairs():
-    """10 ms a step + 10 us an attention pair (engine/linear_cost.py: a sequence fed n rows over c cached
+    """10 ms a step + 10 us an attention pair (engine/cost/linear_cost.py: a sequence fed n rows over c cached
     tokens computes n c + n (n + 1) / 2), a token budget of 16. a (8-token prompt, 3 tokens): its
     prefill computes 36 pairs (10.36 ms), its decodes over 8 and 9 cached tokens 9 and 10. b (30-token
     prompt, 2 tokens) arrives at 15 ms and joins the third step beside a's decode: its first chunk of
     15 tokens over no cache computes 120 pairs (10 + 1.3 = 11.3 ms); its second chunk, 15 tokens after
     the first 15 are cached, 15 x 15 + 120 = 345 (13.45 ms), its decode over 30 cached tokens 31."""
-    from specwise.engine.linear_cost import LinearStepCost
+    from specwise.engine.cost.linear_cost import LinearStepCost
     requests = [WorkloadRequest(request_id="a", category="chat", max_tokens=3, prompt_tokens=8, arrival_time=0.0),
                 WorkloadRequest(request_id="b", category="chat", max_tokens=2, prompt_tokens=30, arrival_time=0.015)]
     cost = LinearStepCost(0.010, 0.0, 0.0, per_attention_pair_s=1e-5)
@@ -152,7 +152,7 @@ def test_a_calibrated_servers_logits_rows_request_overhead_and_drafting_fit():
     rows samples 1 (10 + 8 + 2 = 20 ms: first token at 25 ms), its decodes 13.8 and 13.9 ms. The ngram
     arm is costed with the speculating server's own fit (fixed 20 ms): prefill 30 ms (first token at
     35 ms), then 1 + 1 rows, both sampled, over 8 cached tokens: 20 + 2 + 0.8 + 4 = 26.8 ms."""
-    from specwise.engine.linear_cost import LinearStepCost
+    from specwise.engine.cost.linear_cost import LinearStepCost
     ngram = LinearStepCost(0.020, 0.001, 0.0001, per_logits_row_s=0.002, request_overhead_s=0.005)
     cost = LinearStepCost(0.010, 0.001, 0.0001, per_logits_row_s=0.002, request_overhead_s=0.005,
                           drafting={"ngram": ngram})
@@ -192,11 +192,11 @@ def test_a_turn_waits_for_a_turn_before_it_that_is_itself_held():
 
 
 def test_a_step_of_a_token_count_not_run_lately_pays_its_cost():
-    """10 ms a step, 5 ms for a token count not among the last 2 the run's steps had (engine/linear_cost.py
+    """10 ms a step, 5 ms for a token count not among the last 2 the run's steps had (engine/cost/linear_cost.py
     RecentCounts). One request, 8-token prompt, 4 tokens: its prefill (count 8) pays, its first decode
     (count 1) pays, the next two do not: 15, 30, 40, 50 ms. Two requests sent together, the prompts of
     8 and 9 tokens prefilled in one step (count 17, pays), then 2-row decodes: 15, 30, 40, 50 again."""
-    from specwise.engine.linear_cost import LinearStepCost
+    from specwise.engine.cost.linear_cost import LinearStepCost
     cost = LinearStepCost(0.010, 0.0, 0.0, new_count_s=0.005, count_memory=2)
     one = WorkloadRequest(request_id="a", category="chat", max_tokens=4, prompt_tokens=8)
     record = FlatSimulator(cost, SimServerConfig(), 10_000).run([one], OFF, LoadPoint("concurrency", 1)).records[0]

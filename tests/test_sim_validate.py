@@ -19,7 +19,7 @@ import pytest
 from specwise.bench.results import RequestRecord, read_records, read_run_info
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli import main
-from specwise.engine.step_profile import ProfileCost
+from specwise.engine.cost.step_profile import ProfileCost
 from specwise.sim.simulator import SimServerConfig
 from specwise.sim.validate import Validation, compare, measured_workload, plan_positions, report, session_turns, validate
 

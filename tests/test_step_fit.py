@@ -1,4 +1,4 @@
-"""The linear step-cost fit (engine/step_fit.py): known coefficients recovered from a synthetic
+"""The linear step-cost fit (engine/cost/step_fit.py): known coefficients recovered from a synthetic
 engine, residuals kept, a one-line refusal for a sweep too short to fit, and a linear profile
 read by the simulator and the calculators; a step's features (StepShape) counted by hand, and the
 attention-pair term fitted only when asked."""
@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from specwise.engine.linear_cost import LinearStepCost, RecentCounts, StepShape
-from specwise.engine.step_fit import FitOptions, StepSample, fit, grid_samples
-from specwise.engine.step_profile import load_step_cost
+from specwise.engine.cost.linear_cost import LinearStepCost, RecentCounts, StepShape
+from specwise.engine.cost.step_fit import FitOptions, StepSample, fit, grid_samples
+from specwise.engine.cost.step_profile import load_step_cost
 from specwise.errors import ConfigError
 
 FIXED, PER_TOKEN, PER_KV = 0.004, 3e-4, 2e-6        # the synthetic engine's known step time

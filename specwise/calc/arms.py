@@ -30,9 +30,9 @@ from specwise.calc.catalog import get_model
 from specwise.calc.deployment import Deployment
 from specwise.calc.drafter import DraftCost, ExtraRowsCost, ModelDraftCost, NoDraftCost, RelativeDraftCost
 from specwise.calc.roofline import RooflineCost
-from specwise.engine.spec_decode.k_table import KTable
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.engine.spec_decode.config import SpeculativeConfig
-from specwise.engine.step_cost import StepCostModel
+from specwise.engine.spec_decode.k_table import KTable
 from specwise.errors import ConfigError
 
 DEFAULT_K = 4             # as the engine's --num-speculative-tokens

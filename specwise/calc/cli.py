@@ -14,7 +14,7 @@ from specwise.calc.speedup import SpeedupConfig, best_row, minimum_alpha, speedu
 from specwise.calc.throughput import (ThroughputConfig, batch_grid, describe_switches, max_batch, switches,
                                       throughput_table)
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
-from specwise.engine.step_profile import load_step_cost
+from specwise.engine.cost.step_profile import load_step_cost
 
 
 def register(subparsers) -> None:
@@ -41,7 +41,8 @@ def _add(subparsers, name, handler, help_text, *configs, profile=False):
 
 def add_profile_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None,
-                        help="measured step-time profile JSON (see specwise/engine/step_profile.py) instead of the roofline")
+                        help="measured step-time profile JSON (see specwise/engine/cost/step_profile.py) "
+                             "instead of the roofline")
 
 
 def target_cost(args, deployment: Deployment):

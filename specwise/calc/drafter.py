@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from specwise.engine.step_cost import StepCostModel
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specwise.calc.deployment import Deployment, MemoryPlan
-from specwise.engine.step_cost import StepCostModel
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 

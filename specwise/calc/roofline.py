@@ -15,7 +15,7 @@ so decode is memory-bound: about 221 tokens/s at best.
 import numpy as np
 
 from specwise.calc.deployment import WEIGHT_BYTES, Deployment
-from specwise.engine.step_cost import StepCostModel, attention_pairs, check_step_shape
+from specwise.engine.cost.step_cost import StepCostModel, attention_pairs, check_step_shape
 
 ACTIVATION_BYTES = 2          # bf16 activations cross the tensor-parallel all-reduces
 

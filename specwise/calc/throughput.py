@@ -20,8 +20,8 @@ import numpy as np
 
 from specwise.calc.arms import MODEL_FREE, SpecArm, build_arm
 from specwise.calc.deployment import Deployment
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.engine.spec_decode.config import SpeculativeConfig
-from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 
 

@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
+from specwise.engine.cost.kv_reads import KVReads
 from specwise.engine.fault_isolation import RequestFault
-from specwise.engine.kv_reads import KVReads
 from specwise.engine.outputs import TokenLogprob
 from specwise.engine.sampling.logits_processors import LogitsProcessing, Row
 from specwise.engine.sampling.rejection import (greedy_accept, rejection_sample, tree_greedy_accept,

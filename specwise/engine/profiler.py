@@ -1,6 +1,6 @@
 """Time the target's forward pass over a grid of step shapes (no real requests).
 
-Used by `specwise calibrate` (saved as a step profile, see specwise/engine/step_profile.py) and
+Used by `specwise calibrate` (saved as a step profile, see specwise/engine/cost/step_profile.py) and
 by the adaptive speculation policy at start-up. A step of `batch_size` sequences with
 `tokens_per_seq` query tokens each over `context_len` cached tokens is timed as the
 engine runs it: forward, logits at every query position, and the sampling distribution.
@@ -10,9 +10,9 @@ Block tables point at arbitrary (possibly shared) blocks: values do not matter f
 import time
 from typing import Callable
 
+from specwise.engine.cost.step_profile import prefill_prompts
 from specwise.engine.model_runner import ModelRunner
 from specwise.engine.sequence import Sequence
-from specwise.engine.step_profile import prefill_prompts
 from specwise.sampling_params import SamplingParams
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from specwise.calc.arms import build_arm
 from specwise.calc.deployment import Deployment
 from specwise.calc.throughput import decode_rates
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.engine.spec_decode.metrics import SpecStats
-from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 from specwise.monitor.logs import LoggedRequest
 from specwise.monitor.replay import Drafter, replay

@@ -14,8 +14,8 @@ from specwise.bench.inputs.bad_rows import BadRows
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
+from specwise.engine.cost.step_profile import load_step_cost
 from specwise.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
-from specwise.engine.step_profile import load_step_cost
 from specwise.errors import ConfigError, SpecwiseError
 from specwise.monitor.estimate import Estimate, estimate_acceptance, expected_speedup
 from specwise.monitor.logs import read_log

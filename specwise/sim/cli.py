@@ -22,7 +22,7 @@ from specwise.calc.arms import OFF, parse_arm
 from specwise.calc.cli import add_profile_arg, console, table, target_cost
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
-from specwise.engine.step_profile import profile_token_budget
+from specwise.engine.cost.step_profile import profile_token_budget
 from specwise.errors import ConfigError
 from specwise.sim.flat import FlatResult, FlatSimulator
 from specwise.sim.records import write_results

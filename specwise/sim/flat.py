@@ -18,8 +18,8 @@ fed as a share of n x k times the difference to a full verification of 1 + k row
 with both is one forward, so the fixed cost (a plain batch-1 step over no context) is paid once:
     time = max(decode, prompt, decode + prompt - fixed) (+ the arm's per-step overhead)
 Worked example: decode 40 ms, chunk 300 ms, fixed 30 ms: 310 ms. A linear model
-(engine/linear_cost.py) costs the step as it is: its rows, the KV tokens they read (padded as the
-server's attention pads its reads, where the profile says how: engine/kv_reads.py), the attention
+(engine/cost/linear_cost.py) costs the step as it is: its rows, the KV tokens they read (padded as the
+server's attention pads its reads, where the profile says how: engine/cost/kv_reads.py), the attention
 pairs they compute (a prompt chunk's among its own tokens too) and the rows it samples; where the
 profile holds the speculating server's own fit for the arm's method (a calibration against that
 server), the arm's steps are costed with it. A linear model's request
@@ -27,7 +27,7 @@ overhead (a server's HTTP and tokenizing time) delays each request's admission b
 server taking arriving requests one at a time (a wave sent at once is admitted one overhead apart).
 A linear model's cost of a new token count (a server building its kernels for a count it has not run
 lately, bench/calibrate/counts.py) is charged to each step whose token count is not among the last
-`count_memory` distinct counts the run's steps had (engine/linear_cost.py RecentCounts).
+`count_memory` distinct counts the run's steps had (engine/cost/linear_cost.py RecentCounts).
 """
 
 import heapq
@@ -43,10 +43,10 @@ from specwise.bench.results import RequestRecord
 from specwise.calc.arms import SpecArm
 from specwise.calc.drafter import ExtraRowsCost
 from specwise.engine.block_manager import BlockManager
-from specwise.engine.linear_cost import LinearStepCost, RecentCounts, StepShape
+from specwise.engine.cost.linear_cost import LinearStepCost, RecentCounts, StepShape
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
-from specwise.engine.step_cost import StepCostModel
 from specwise.errors import ConfigError
 from specwise.sampling_params import SamplingParams
 from specwise.sim.request_acceptance import Draws, assign
@@ -147,7 +147,7 @@ class _Run:
         self.errors: dict[int, str] = {}
         self.now, self.steps, self.preemptions, self.peak = 0.0, 0, 0, 0
         self.fixed = float(self.cost.step_times(1, 1, np.zeros(1))[0])
-        # a server's own latency outside any step (HTTP, tokenizing; engine/linear_cost.py): a request
+        # a server's own latency outside any step (HTTP, tokenizing; engine/cost/linear_cost.py): a request
         # reaches the scheduler that long after it is sent
         self.overhead = getattr(self.cost, "request_overhead_s", 0.0)
         self.admitting: list[tuple[float, int]] = []          # heap of (reaches the scheduler, request)
@@ -314,8 +314,8 @@ class _Run:
 
     def _linear_seconds(self, batch: ScheduledBatch, rows: list[int], k: int, decode: list[int]) -> float:
         """A linear model costs the flat step as it is: every row it computes, every KV token it reads (as the
-        server reads them, where the profile says: engine/kv_reads.py),
-        every attention pair (engine/linear_cost.py StepShape: each sequence's rows, its drafts included,
+        server reads them, where the profile says: engine/cost/kv_reads.py),
+        every attention pair (engine/cost/linear_cost.py StepShape: each sequence's rows, its drafts included,
         over its cache), every row it samples (a decode row and its drafts; a prompt chunk only at its
         last token), and its token count where the server has not run that count lately."""
         shape = StepShape.of([new + drafts for new, drafts in zip(batch.num_new_tokens, rows)],

@@ -9,7 +9,7 @@ figures and the calculators' own code, nothing copied:
   load "rate" (Poisson arrivals): the flat simulator (sim/flat.py), mean TPOT off / spec.
 error = predicted / published - 1; the summary is the median absolute error, over all points and
 over the held-out ones (role "held_out": no setting of specwise was chosen to match them).
-A step-time fit others published (fixed + per token + per KV token, engine/linear_cost.py's form) can
+A step-time fit others published (fixed + per token + per KV token, engine/cost/linear_cost.py's form) can
 stand in for the roofline's target step on points of its GPU, tensor parallelism and model.
 
 Worked example: published 1.50, predicted 1.65: error +10%; with a second point published 2.00,
@@ -30,8 +30,8 @@ from specwise.calc.catalog import get_gpu, get_model
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
 from specwise.calc.throughput import decode_rates
-from specwise.engine.linear_cost import LinearStepCost
-from specwise.engine.step_cost import StepCostModel
+from specwise.engine.cost.linear_cost import LinearStepCost
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.errors import ConfigError, InputError
 from specwise.sim.flat import FlatSimulator
 from specwise.sim.simulator import SimServerConfig

@@ -26,7 +26,7 @@ import numpy as np
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.load.arrivals import LoadPoint
 from specwise.calc.arms import SpecArm
-from specwise.engine.step_cost import StepCostModel
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.errors import ConfigError
 from specwise.sim.state import SimState
 

@@ -41,8 +41,8 @@ from specwise.bench.report.summary import ALL, summarize
 from specwise.bench.results import RequestRecord, read_records, read_run_info
 from specwise.calc.arms import MODEL_FREE, OFF, SpecArm, build_arm
 from specwise.calc.deployment import Deployment
+from specwise.engine.cost.step_cost import StepCostModel
 from specwise.engine.spec_decode.config import SpeculativeConfig
-from specwise.engine.step_cost import StepCostModel
 from specwise.errors import InputError, SpecwiseError
 from specwise.sim.flat import FlatSimulator
 from specwise.sim.records import write_results

@@ -1,9 +1,9 @@
 """`specwise calibrate --endpoint URL [--speculative-arm METHOD=URL ...]`: sweep, fit, write the profile.
 
 Each endpoint's waves (sweep.py) become StepSamples (samples.py), fitted by the same least squares
-as own-engine `calibrate` (engine/step_fit.py). The profile holds the plain endpoint's fit as
+as own-engine `calibrate` (engine/cost/step_fit.py). The profile holds the plain endpoint's fit as
 "linear" and each speculating endpoint's own fit under "linear"."drafting"[METHOD], the same
-format `specwise calibrate` writes for our engine (engine/step_profile.py): `simulate`, `calc`
+format `specwise calibrate` writes for our engine (engine/cost/step_profile.py): `simulate`, `calc`
 and the recommendation read it. The residuals are printed per step; a sweep too short to fit,
 or one whose fit misses its own steps by more than MAX_MEDIAN_RESIDUAL, is refused in one line.
 
@@ -15,7 +15,7 @@ of that, the sweep fitted as if the probe had not run).
 A prompt longer than the server's token budget is prefilled in chunks, a step each (samples.py
 `prefill_sample`): the budget comes from --max-num-batched-tokens, else from the server where it says
 (`specwise serve` does), else every probe counts as one step, and a line says so. How the server reads
-its KV cache (engine/kv_reads.py: ours in padded groups) comes the same way, from --kv-reads, else the
+its KV cache (engine/cost/kv_reads.py: ours in padded groups) comes the same way, from --kv-reads, else the
 server, else each sequence reads its own: a wave's KV tokens are counted so, and the profile keeps it.
 
 Every request the sweep sent is kept beside the profile (profile.requests.jsonl, the evaluator's
@@ -38,9 +38,9 @@ from specwise.bench.calibrate.samples import prefill_sample
 from specwise.bench.calibrate.sweep import Probe, Sweep, SweepDesign, Wave, regroup, run_sweep, wave_tag
 from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoint
 from specwise.bench.results import read_records_file
-from specwise.engine.kv_reads import KVReads
-from specwise.engine.step_fit import Fit, FitOptions, fit
-from specwise.engine.step_profile import PROFILE_FORMAT
+from specwise.engine.cost.kv_reads import KVReads
+from specwise.engine.cost.step_fit import Fit, FitOptions, fit
+from specwise.engine.cost.step_profile import PROFILE_FORMAT
 from specwise.errors import ConfigError, InputError
 
 MAX_MEDIAN_RESIDUAL = 0.10     # a fit that misses its own steps by more (median) is noise, not a profile

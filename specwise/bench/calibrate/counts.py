@@ -54,7 +54,7 @@ import numpy as np
 from specwise.bench.calibrate.samples import prompt_chunks
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.results import RequestRecord
-from specwise.engine.linear_cost import RecentCounts
+from specwise.engine.cost.linear_cost import RecentCounts
 
 COUNT_TAG = "counts"
 COUNT_RANGE = (16, 144)        # prompt token counts the probe draws its L from (even ones)

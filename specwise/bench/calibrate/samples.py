@@ -18,14 +18,14 @@ transport jitter; only the two ends of each span do, so a window of N steps errs
 What a step computed, from each request's counters: rows = 1 + draft rows (drafted tokens per
 decode step of that request: its draft_tokens / (output - 1 - accepted); 0 without speculation),
 logits rows = rows, cached = its prompt + the tokens it had made at the middle of the window, less
-the step's input token; the step's features are those of these sequences (engine/linear_cost.py
+the step's input token; the step's features are those of these sequences (engine/cost/linear_cost.py
 StepShape: tokens, KV tokens read, attention pairs). Worked example: 4 requests of 100-token prompts,
 no drafts, window from their 9th to their 29th chunk over 0.8 s: step 0.8 / 20 = 40 ms, 4 tokens,
 4 x (100 + 19 - 1) = 472 KV tokens, 4 x 119 = 476 attention pairs.
 
 Prefill steps are timed apart, by single requests sent one after another (`prefill_sample`): a
 TTFT is the steps of the whole prompt with one logits row, plus the server's request overhead (the
-HTTP round trip, tokenizing; fitted apart, engine/step_fit.py). A prompt within the server's token
+HTTP round trip, tokenizing; fitted apart, engine/cost/step_fit.py). A prompt within the server's token
 budget (max_num_batched_tokens) is one step of n rows over no cache, n (n + 1) / 2 attention pairs;
 a longer one runs in chunks of the budget, each a step over the chunks before it: our server
 (budget 512) prefills a 1,064-token prompt in three steps, and the TTFTs of a sweep taken as one
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from specwise.bench.results import RequestRecord
-from specwise.engine.kv_reads import KVReads
-from specwise.engine.linear_cost import StepShape
-from specwise.engine.step_fit import StepSample
+from specwise.engine.cost.kv_reads import KVReads
+from specwise.engine.cost.linear_cost import StepShape
+from specwise.engine.cost.step_fit import StepSample
 
 EDGE = 0.5                  # a chunk within half a step of t0 or t1 counts as inside the window
 MIN_WINDOW_STEPS = 3
@@ -62,7 +62,7 @@ def wave_steps(records: list[RequestRecord], batch_size: int, drafts: tuple[floa
                reads: KVReads | None = None) -> WaveSteps:
     """records: the wave's requests (send_time on one clock). drafts: (draft tokens, accepted tokens)
     over the whole wave where requests carry no counters (a server's Prometheus deltas), else None.
-    reads: how the server reads its KV cache (engine/kv_reads.py); None: each sequence its own."""
+    reads: how the server reads its KV cache (engine/cost/kv_reads.py); None: each sequence its own."""
     done = [r for r in records if not r.error and r.ttft is not None and len(r.chunk_times) >= 2]
     if len(done) < batch_size:
         return WaveSteps(batch_size, None)      # a lost request breaks the lockstep

@@ -1,5 +1,5 @@
 """`specwise calibrate --endpoint URL`: a short designed sweep against any OpenAI-compatible server,
-fitted to the step-cost model the simulator reads (engine/linear_cost.py, engine/step_fit.py).
+fitted to the step-cost model the simulator reads (engine/cost/linear_cost.py, engine/cost/step_fit.py).
 
 The design: first, for each prefill length, `prefill_repeats` single requests of one output
 token, one after another: a prefill step each (its TTFT). Then, where asked (`count_probes`), the
@@ -57,8 +57,8 @@ from specwise.bench.load.measure import Slot, measure
 from specwise.bench.load.targets.http import HttpTarget
 from specwise.bench.load.targets.prometheus import difference
 from specwise.bench.results import RequestRecord
-from specwise.engine.kv_reads import KVReads
-from specwise.engine.step_fit import StepSample
+from specwise.engine.cost.kv_reads import KVReads
+from specwise.engine.cost.step_fit import StepSample
 from specwise.errors import ConfigError
 
 WARMUP_TOKENS = 8
@@ -77,7 +77,7 @@ class SweepDesign:
     window_seed: int | None = None       # where the sweep's prompt windows start; None: a fresh place
     max_num_batched_tokens: int | None = None   # the server's token budget: a longer probe runs in chunks
     count_probes: int = 0                # token counts the count probe revisits (counts.py, e.g. 32); 0: no probe
-    # how the server reads its KV cache, to count a wave's KV tokens read (engine/kv_reads.py): "GROUP/BLOCK",
+    # how the server reads its KV cache, to count a wave's KV tokens read (engine/cost/kv_reads.py): "GROUP/BLOCK",
     # or "none" (each sequence its own); None: what the server says (calibrate asks it), else none
     kv_reads: str | None = None
 

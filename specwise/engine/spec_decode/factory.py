@@ -2,6 +2,7 @@
 the protocols."""
 
 from specwise.config import EngineConfig
+from specwise.engine.cost.step_profile import ProfileCost
 from specwise.engine.model_runner import ModelRunner
 from specwise.engine.profiler import measure_grid
 from specwise.engine.spec_decode.config import SpeculativeConfig
@@ -15,7 +16,6 @@ from specwise.engine.spec_decode.ngram import NgramProposer
 from specwise.engine.spec_decode.policy import AutoPolicy, StaticPolicy, StepCost, TablePolicy
 from specwise.engine.spec_decode.proposer import Proposer
 from specwise.engine.spec_decode.suffix import SuffixProposer
-from specwise.engine.step_profile import ProfileCost
 
 
 def build_proposer(config: SpeculativeConfig | None, context: ProposerContext) -> Proposer | None:

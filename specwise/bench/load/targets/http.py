@@ -21,7 +21,7 @@ from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, Targ
 from specwise.bench.load.targets.per_request import per_request_acceptance
 from specwise.bench.load.targets.prometheus import scrape
 from specwise.bench.inputs.request import WorkloadRequest
-from specwise.engine.kv_reads import KVReads
+from specwise.engine.cost.kv_reads import KVReads
 from specwise.errors import ConfigError
 
 APIS = ("auto", "completions", "chat")

@@ -1,5 +1,5 @@
 """The linear step-cost model (numpy only), for the simulator (sim/flat.py), the calculators and a
-calibrated profile (engine/step_profile.py); engine/step_fit.py fits it to measured steps.
+calibrated profile (engine/cost/step_profile.py); engine/cost/step_fit.py fits it to measured steps.
 
 A forward pass over a flat batch costs
 
@@ -9,7 +9,7 @@ A forward pass over a flat batch costs
 batched tokens = every row the step computes (decode rows, draft rows, prompt chunk tokens);
 KV tokens read = the cached tokens its attention reads, summed over the sequences (each once per
 pass, as FlashAttention-like kernels read them; a server that reads sequences in padded groups, as
-ours does, reads more: `kv_reads`, engine/kv_reads.py, counts that). This is the form published step-time
+ours does, reads more: `kv_reads`, engine/cost/kv_reads.py, counts that). This is the form published step-time
 predictors fit per engine and drafter; it holds for one engine on one machine over the range of
 shapes it was fitted on, not beyond. logits rows = the rows whose next-token distribution the
 step computes and samples: every decode and draft row, but only the last token of a prompt. The
@@ -17,7 +17,7 @@ LM head, the sampler and the server's per-token output work cost per logits row,
 decode row costs several times a prompt token; the fourth term is fitted only when the samples
 separate the two (prefill steps beside decode steps), else it is 0 and a row is a row.
 
-attention pairs = the (query, key) pairs its attention computes (engine/step_cost.py
+attention pairs = the (query, key) pairs its attention computes (engine/cost/step_cost.py
 `attention_pairs`): a sequence fed n rows after c cached tokens computes n x c + n (n + 1) / 2.
 Reading the cache is memory traffic, once a sequence; a pair is arithmetic, once a row. A decode
 row computes c + 1 pairs, so there a pair only adds to what a cached token costs; a prompt chunk
@@ -49,7 +49,7 @@ costs what one at the knee does. Every recorded sweep of vLLM and of ours on the
 it: batch-1 and batch-4 decodes within a millisecond or two of each other, so the line through waves of
 1, 4, 16 and 64 sequences put all 24 batch-1 waves of twelve sweeps low (by 3-16%) and all 24 batch-4
 waves high (by 1-15%). Worked example, 20 ms + 1 ms a token with a knee of 6: batch 1 and batch 4
-decodes cost 26 ms, batch 8 28 ms. engine/step_fit.py looks for it among a sweep's decode steps.
+decodes cost 26 ms, batch 8 28 ms. engine/cost/step_fit.py looks for it among a sweep's decode steps.
 
 A step of a token count the server has not run lately may cost more than its shape: an eager CPU
 server builds its matmuls' kernels per shape and keeps the last few (calibrate/counts.py measures
@@ -70,11 +70,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specwise.engine.kv_reads import KVReads
-from specwise.engine.step_cost import StepCostModel, attention_pairs, check_step_shape
+from specwise.engine.cost.kv_reads import KVReads
+from specwise.engine.cost.step_cost import StepCostModel, attention_pairs, check_step_shape
 from specwise.errors import ConfigError
 
-# a profile's keys ("linear" in engine/step_profile.py)
+# a profile's keys ("linear" in engine/cost/step_profile.py)
 COEFFICIENTS = ("fixed_s", "per_token_s", "per_kv_token_s")
 LOGITS_ROW = "per_logits_row_s"          # optional: per sampled row (0 when absent)
 REQUEST_OVERHEAD = "request_overhead_s"   # optional: a request's own latency outside any step (0 when absent)

@@ -1,4 +1,4 @@
-"""The least-squares fit of the linear step-cost model (engine/linear_cost.py) to measured steps
+"""The least-squares fit of the linear step-cost model (engine/cost/linear_cost.py) to measured steps
 (numpy only).
 
 `fit` takes samples (a StepShape and its seconds[, logits rows, is a TTFT, steps]), solves for the
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specwise.engine.kv_reads import KVReads
-from specwise.engine.linear_cost import LinearStepCost, StepShape
+from specwise.engine.cost.kv_reads import KVReads
+from specwise.engine.cost.linear_cost import LinearStepCost, StepShape
 from specwise.errors import ConfigError
 
 MIN_SAMPLES = 6            # three coefficients, and as many samples again to see residuals

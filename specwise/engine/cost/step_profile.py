@@ -17,7 +17,7 @@ Profile JSON (written by `specwise calibrate` or by hand):
       "prefill_pads_to_longest": true,               optional: the engine pads a prefill step's
                                                      prompts to its longest (specwise's flat steps do not)
       "linear": {"fixed_s": 0.02, "per_token_s": 5e-4,   optional: the least-squares fit of
-                 "per_kv_token_s": 2e-6,             engine/step_fit.py; a profile with no grid
+                 "per_kv_token_s": 2e-6,             engine/cost/step_fit.py; a profile with no grid
                  "per_logits_row_s": 1e-3,           (no "seconds") is read as that linear model
                  "drafting": {"ngram": {...}}, ...}  (optional: per logits row; a speculating
                                                      server's own fit per drafting method)
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.engine.linear_cost import LinearStepCost
-from specwise.engine.step_cost import StepCostModel, check_step_shape
+from specwise.engine.cost.linear_cost import LinearStepCost
+from specwise.engine.cost.step_cost import StepCostModel, check_step_shape
 from specwise.errors import InputError
 
 PROFILE_FORMAT = "specwise-step-profile"
@@ -136,7 +136,7 @@ def prefill_prompts(total: int, prompt_len: int) -> tuple[int, int]:
 
 def load_step_cost(path) -> StepCostModel:
     """A profile file as a step-cost model: its grid (ProfileCost) where it has one, else its
-    linear fit ("linear": {"fixed_s", "per_token_s", "per_kv_token_s"}, engine/linear_cost.py)."""
+    linear fit ("linear": {"fixed_s", "per_token_s", "per_kv_token_s"}, engine/cost/linear_cost.py)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -6,7 +6,7 @@ tokens each (1 without speculation, 1 + k when verifying k drafts) over KV cache
 that already hold `context_lens` tokens. A prefill step runs whole prompts.
 
 Two implementations: `RooflineCost` (catalog figures, calc/roofline.py) and
-`ProfileCost` (a measured grid, engine/step_profile.py).
+`ProfileCost` (a measured grid, engine/cost/step_profile.py).
 """
 
 from abc import ABC, abstractmethod

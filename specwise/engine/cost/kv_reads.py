@@ -23,7 +23,7 @@ waves of 1-16 are one. Logged at the engine (docs/calculators.md), a fit of our 
 steps predicted its evaluation's steps with a median error of 8.4% counting each sequence's own
 tokens, 4.9% counting them as read with a cost a group. `specwise serve` says its layout on
 /health; `calibrate --endpoint` counts the waves' KV that way, the profile keeps it, and the
-simulator counts its steps the same way (engine/linear_cost.py StepShape.of).
+simulator counts its steps the same way (engine/cost/linear_cost.py StepShape.of).
 """
 
 import math
