@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specwise.models.hf_writer import write_hf_dir
+from specwise.models.export.hf_writer import write_hf_dir
 from specwise.models.loader import load_checkpoint
 
 

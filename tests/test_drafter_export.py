@@ -11,12 +11,12 @@ from specwise.cli import main
 from specwise.errors import ConfigError, ModelLoadError
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
 from specwise.models.drafter_checkpoint import DrafterConfig, build_head, save_drafter, target_signature
-from specwise.models.drafter_export import export_drafter
-from specwise.models.loader import build_model
 from specwise.models.eagle3 import default_aux_layers
-from specwise.models.vllm_eagle import exported_eagle_forward, read_eagle
-from specwise.models.vllm_eagle3 import exported_eagle3_forward, read_eagle3
-from specwise.models.vllm_medusa import exported_medusa_logits, read_medusa
+from specwise.models.export.drafter_export import export_drafter
+from specwise.models.export.vllm_eagle import exported_eagle_forward, read_eagle
+from specwise.models.export.vllm_eagle3 import exported_eagle3_forward, read_eagle3
+from specwise.models.export.vllm_medusa import exported_medusa_logits, read_medusa
+from specwise.models.loader import build_model
 from draft_dirs import write_first_layers_draft
 from tiny_models import tiny_checkpoint
 
@@ -185,7 +185,7 @@ def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr("specwise.models.drafter_export.export_card", broken)
+    monkeypatch.setattr("specwise.models.export.drafter_export.export_card", broken)
     with pytest.raises(OSError):
         export_drafter(directory, "vllm", tmp_path / "out", target)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

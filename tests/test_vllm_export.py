@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specwise.models.builtin_heads import find_builtin_head
-from specwise.models.drafter_export import export_drafter
-from specwise.models.hf_writer import write_hf_dir
+from specwise.models.export.drafter_export import export_drafter
+from specwise.models.export.hf_writer import write_hf_dir
 from specwise.models.loader import load_checkpoint
 from specwise.monitor.exposition import parse_snapshot
 from vllm_process import VLLM_PYTHON, VllmServer

@@ -18,7 +18,7 @@ vLLM: `--speculative-config JSON`:
   our eagle:DIR / medusa:DIR heads (`checkpoint="specwise"`): {"method": "eagle" | "medusa", "model":
                     DIR/export-vllm, ...}, the directory `specwise export-drafter DIR --format vllm`
                     (or train-drafter --export vllm) writes; SGLang cannot hold them (a note says
-                    why: models/export_formats.py).
+                    why: models/export/export_formats.py).
 SGLang (flags checked against SGLang 0.5.23's server arguments, srt/arg_groups/fields/spec.py;
 its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO): a chain of k drafts is
   `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
@@ -35,7 +35,7 @@ import shlex
 
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.errors import ConfigError
-from specwise.models.export_formats import SGLANG_REFUSALS, VLLM_METHODS, export_dir
+from specwise.models.export.export_formats import SGLANG_REFUSALS, VLLM_METHODS, export_dir
 
 ENGINES = ("vllm", "sglang")
 SERVER_METHODS = ("ngram", "suffix", "draft", "eagle", "eagle3", "medusa")   # what an engine arm may run (and off)

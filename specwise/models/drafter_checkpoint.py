@@ -27,7 +27,7 @@ from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle import EagleHead
 from specwise.models.eagle3 import NUM_AUX_LAYERS, Eagle3Head
-from specwise.models.export_formats import DRAFTER_CONFIG
+from specwise.models.export.export_formats import DRAFTER_CONFIG
 from specwise.models.medusa import MedusaHeads
 from specwise.models.tokenizer import Tokenizer
 

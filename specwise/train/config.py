@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from specwise.config import DTYPES, MAX_SPECULATIVE_TOKENS
 from specwise.errors import ConfigError
-from specwise.models.export_formats import EXPORT_FORMATS
+from specwise.models.export.export_formats import EXPORT_FORMATS
 
 KINDS = ("eagle", "eagle3", "medusa", "draft")
 

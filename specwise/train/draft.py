@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specwise.models.hf_writer import hf_weights, write_hf_dir
+from specwise.models.export.hf_writer import hf_weights, write_hf_dir
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.tokenizer import Tokenizer
 from specwise.train.batch import Batch

@@ -11,12 +11,12 @@ import torch
 
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
-from specwise.models.drafter_checkpoint import target_signature
-from specwise.models.drafter_export import check_format, export_drafter
-from specwise.models.eagle3 import default_aux_layers
-from specwise.models.export_formats import export_dir
-from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
+from specwise.models.drafter_checkpoint import target_signature
+from specwise.models.eagle3 import default_aux_layers
+from specwise.models.export.drafter_export import check_format, export_drafter
+from specwise.models.export.export_formats import export_dir
+from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 from specwise.train.card import model_card
 from specwise.train.config import TrainConfig
 from specwise.train.corpus import corpus_fingerprint, read_corpus_texts
@@ -24,8 +24,8 @@ from specwise.train.data import CORPUS_CATEGORY, Corpus, build_corpus, data_key
 from specwise.train.draft import DraftObjective
 from specwise.train.eagle import EagleObjective, active_vocabulary
 from specwise.train.eagle3 import Eagle3Objective
-from specwise.train.medusa import MedusaObjective
 from specwise.train.loop import CHECKPOINT_FILE, LoopState, Schedule, train
+from specwise.train.medusa import MedusaObjective
 from specwise.train.prompts import BUILT_IN, load_prompts, split_held_out
 
 WORK_DIR = "work"

@@ -24,7 +24,7 @@ from pathlib import Path
 import specwise
 from specwise.bench.engine_flags import HEADS
 from specwise.bench.load.arms import ArmSpec
-from specwise.models.export_formats import export_dir, is_specwise_drafter
+from specwise.models.export.export_formats import export_dir, is_specwise_drafter
 
 PACKAGE = Path(specwise.__file__).resolve().parent
 SOURCE_FILES = ("drafter.json", "model.safetensors")      # an export older than these is stale
@@ -85,7 +85,7 @@ def _up_to_date(source: Path, export: Path) -> bool:
 
 def check_exports(plans: list[HeadExport]) -> None:
     """What needs no target: a drafter the engine's format cannot hold, an occupied --out (ConfigError)."""
-    from specwise.models.drafter_export import check_export      # torch: only when an arm names our head
+    from specwise.models.export.drafter_export import check_export      # torch: only when an arm names our head
     for plan in plans:
         if not plan.reuse:
             check_export(plan.drafter, plan.format, plan.out)
@@ -96,7 +96,7 @@ def run_exports(plans: list[HeadExport], model: str) -> None:
     pending = [plan for plan in plans if not plan.reuse]
     if not pending:
         return
-    from specwise.models.drafter_export import export_drafter      # torch: only when a head is exported
+    from specwise.models.export.drafter_export import export_drafter      # torch: only when a head is exported
     from specwise.models.loader import load_checkpoint
     target = load_checkpoint(model)
     for plan in pending:

@@ -17,7 +17,7 @@ from specwise.bench.engine_flags import (HEADS, VLLM_NEEDS, command_text, note, 
                                         vllm_flags, vllm_speculative_config)
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.k_table import KTable
-from specwise.models.export_formats import export_command
+from specwise.models.export.export_formats import export_command
 
 
 def batch_size_table(arms, max_batch: int) -> list[list[int]]:

@@ -25,8 +25,8 @@ import torch
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle3 import Eagle3Head
-from specwise.models.hf_writer import check_weight_shapes, read_checkpoint, split_fused, write_checkpoint
-from specwise.models.vllm_eagle import attention_rows, linear, mlp_rows, rms_norm
+from specwise.models.export.hf_writer import check_weight_shapes, read_checkpoint, split_fused, write_checkpoint
+from specwise.models.export.vllm_eagle import attention_rows, linear, mlp_rows, rms_norm
 
 ARCHITECTURE = "Eagle3LlamaForCausalLM"
 MODEL_TYPE = "llama"

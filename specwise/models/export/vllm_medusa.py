@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from specwise.errors import ModelLoadError
-from specwise.models.hf_writer import check_weight_shapes, read_checkpoint, write_checkpoint
+from specwise.models.export.hf_writer import check_weight_shapes, read_checkpoint, write_checkpoint
 from specwise.models.medusa import MedusaHeads
 
 MODEL_TYPE, ARCHITECTURE = "medusa", "MedusaModel"
