@@ -83,25 +83,39 @@ def write_eagle(out: Path, head: EagleHead, dtype: torch.dtype) -> None:
 def read_eagle(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json and the weights of an exported head, checked as vLLM's loader would need them."""
     directory = Path(directory)
-    config, weights = read_checkpoint(directory, "vLLM EAGLE")
-    if config.get("architectures") != [ARCHITECTURE] or config.get("model_type") != MODEL_TYPE:
-        raise ModelLoadError(directory, f"config.json names {config.get('architectures')}, not [{ARCHITECTURE!r}]")
+    config, weights = read_head(directory, "vLLM EAGLE", ARCHITECTURE, MODEL_TYPE)
+    hidden = config["hidden_size"]
+    shapes = {"model.fc.weight": (hidden, 2 * hidden), "model.norm.weight": (hidden,)}
+    check_weight_shapes(directory, weights, shapes | decoder_layer_shapes(config, LAYER, hidden))
+    return config, weights
+
+
+def read_head(directory: Path, what: str, architecture: str, model_type: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, the weights) of an exported head whose config names this architecture and model type."""
+    config, weights = read_checkpoint(directory, what)
+    if config.get("architectures") != [architecture] or config.get("model_type") != model_type:
+        raise ModelLoadError(directory, f"config.json names {config.get('architectures')}, not [{architecture!r}]")
+    return config, weights
+
+
+def decoder_layer_shapes(config: dict, prefix: str, attention_input: int) -> dict[str, tuple]:
+    """One Llama decoder layer's weight shapes as vLLM loads them: its attention reads rows of
+    `attention_input` (the hidden size; EAGLE-3's midlayer reads [embedding ; feature], twice it), its MLP
+    rows of the hidden size; q/k/v/o biases too where the config has attention_bias."""
     hidden, heads, kv_heads, head_dim = (config["hidden_size"], config["num_attention_heads"],
                                          config["num_key_value_heads"], config["head_dim"])
     inter = config["intermediate_size"]
-    shapes = {"model.fc.weight": (hidden, 2 * hidden), "model.norm.weight": (hidden,),
-              LAYER + "input_layernorm.weight": (hidden,), LAYER + "post_attention_layernorm.weight": (hidden,),
-              LAYER + "self_attn.q_proj.weight": (heads * head_dim, hidden),
-              LAYER + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-              LAYER + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-              LAYER + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-              LAYER + "mlp.gate_proj.weight": (inter, hidden), LAYER + "mlp.up_proj.weight": (inter, hidden),
-              LAYER + "mlp.down_proj.weight": (hidden, inter)}
+    shapes = {prefix + "input_layernorm.weight": (hidden,), prefix + "post_attention_layernorm.weight": (hidden,),
+              prefix + "self_attn.q_proj.weight": (heads * head_dim, attention_input),
+              prefix + "self_attn.k_proj.weight": (kv_heads * head_dim, attention_input),
+              prefix + "self_attn.v_proj.weight": (kv_heads * head_dim, attention_input),
+              prefix + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+              prefix + "mlp.gate_proj.weight": (inter, hidden), prefix + "mlp.up_proj.weight": (inter, hidden),
+              prefix + "mlp.down_proj.weight": (hidden, inter)}
     if config.get("attention_bias"):
-        shapes.update({LAYER + f"self_attn.{p}_proj.bias": (shapes[LAYER + f"self_attn.{p}_proj.weight"][0],)
+        shapes.update({prefix + f"self_attn.{p}_proj.bias": (shapes[prefix + f"self_attn.{p}_proj.weight"][0],)
                        for p in "qkvo"})
-    check_weight_shapes(directory, weights, shapes)
-    return config, weights
+    return shapes
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -25,8 +25,9 @@ import torch
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
 from specwise.models.eagle3 import Eagle3Head
-from specwise.models.export.hf_writer import check_weight_shapes, read_checkpoint, split_fused, write_checkpoint
-from specwise.models.export.vllm_eagle import attention_rows, linear, mlp_rows, rms_norm
+from specwise.models.export.hf_writer import check_weight_shapes, split_fused, write_checkpoint
+from specwise.models.export.vllm_eagle import (attention_rows, decoder_layer_shapes, linear, mlp_rows, read_head,
+                                               rms_norm)
 
 ARCHITECTURE = "Eagle3LlamaForCausalLM"
 MODEL_TYPE = "llama"
@@ -75,29 +76,15 @@ def write_eagle3(out: Path, head: Eagle3Head, aux_layers: list[int], lm_head: to
 def read_eagle3(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json and the weights of an exported head, checked as vLLM's loader would need them."""
     directory = Path(directory)
-    config, weights = read_checkpoint(directory, "vLLM EAGLE-3")
-    if config.get("architectures") != [ARCHITECTURE] or config.get("model_type") != MODEL_TYPE:
-        raise ModelLoadError(directory, f"config.json names {config.get('architectures')}, not [{ARCHITECTURE!r}]")
-    hidden, heads, kv_heads, head_dim = (config["hidden_size"], config["num_attention_heads"],
-                                         config["num_key_value_heads"], config["head_dim"])
-    inter, layers, draft = config["intermediate_size"], config["eagle_aux_hidden_state_layer_ids"], \
+    config, weights = read_head(directory, "vLLM EAGLE-3", ARCHITECTURE, MODEL_TYPE)
+    hidden, layers, draft = config["hidden_size"], config["eagle_aux_hidden_state_layer_ids"], \
         config["draft_vocab_size"]
     if layers != sorted(set(layers)):
         raise ModelLoadError(directory, f"eagle_aux_hidden_state_layer_ids {layers} are not distinct and ascending")
     shapes = {"fc.weight": (hidden, len(layers) * hidden), "norm.weight": (hidden,),
-              "lm_head.weight": (draft, hidden), "d2t": (draft,),
-              LAYER + "input_layernorm.weight": (hidden,), LAYER + "hidden_norm.weight": (hidden,),
-              LAYER + "post_attention_layernorm.weight": (hidden,),
-              LAYER + "self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
-              LAYER + "self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
-              LAYER + "self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
-              LAYER + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-              LAYER + "mlp.gate_proj.weight": (inter, hidden), LAYER + "mlp.up_proj.weight": (inter, hidden),
-              LAYER + "mlp.down_proj.weight": (hidden, inter)}
-    if config.get("attention_bias"):
-        shapes.update({LAYER + f"self_attn.{p}_proj.bias": (shapes[LAYER + f"self_attn.{p}_proj.weight"][0],)
-                       for p in "qkvo"})
-    check_weight_shapes(directory, weights, shapes)
+              "lm_head.weight": (draft, hidden), "d2t": (draft,), LAYER + "hidden_norm.weight": (hidden,)}
+    # the midlayer's attention reads [normed embedding ; normed feature]
+    check_weight_shapes(directory, weights, shapes | decoder_layer_shapes(config, LAYER, 2 * hidden))
     if weights["d2t"].dtype != torch.int64:
         raise ModelLoadError(directory, f"d2t is {weights['d2t'].dtype}, vLLM adds it to int64 ids")
     return config, weights
