@@ -51,6 +51,14 @@ it: batch-1 and batch-4 decodes within a millisecond or two of each other, so th
 waves high (by 1-15%). Worked example, 20 ms + 1 ms a token with a knee of 6: batch 1 and batch 4
 decodes cost 26 ms, batch 8 28 ms. engine/cost/step_fit.py looks for it among a sweep's decode steps.
 
+A step of one token (one sequence decoding, nothing drafted) may cost more than the floor and the
+line say (`lone_token_s`): in 42 of the 44 batch-1 waves of twenty-two recorded sweeps of vLLM and of
+ours on the 2-core machine (2026-12-05/06) the fit without it came out low, by up to 16%, with or
+without a knee, and a batch-1 wave sometimes cost more than a batch-4 one beside it (vLLM 34.7 against
+32.1 ms, ours 30.9 against 29.8). step_fit.py keeps it where an F-test says the batch-1 decodes need it.
+Worked example, the line above with 4 ms a lone token: a batch-1 decode over 300 cached tokens costs
+20 + 0.5 + 0.6 + 4 = 25.1 ms, a batch-2 one over 300 each 20 + 1 + 1.2 = 22.2 ms.
+
 A step of a token count the server has not run lately may cost more than its shape: an eager CPU
 server builds its matmuls' kernels per shape and keeps the last few (calibrate/counts.py measures
 both). `new_count_s` is that cost and `count_memory` how many distinct counts the server keeps; the
@@ -84,6 +92,7 @@ NEW_COUNT = "new_count_s"      # optional, measured apart: a step of a token cou
 COUNT_MEMORY = "count_memory"  # the distinct token counts the server keeps kernels for
 KV_READS = "kv_reads"      # optional: how the server reads the cache (kv_reads.py); absent: its own tokens
 MIN_TOKENS = "min_tokens"  # optional: a step of fewer tokens costs as this many (the small-batch knee; 1 when absent)
+LONE_TOKEN = "lone_token_s"  # optional: a step of exactly one token costs this much more (0 when absent)
 
 
 @dataclass(frozen=True)
@@ -126,9 +135,11 @@ class LinearStepCost(StepCostModel):
     def __init__(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, description: str = "",
                  per_logits_row_s: float = 0.0, drafting: dict | None = None, request_overhead_s: float = 0.0,
                  per_attention_pair_s: float = 0.0, new_count_s: float = 0.0, count_memory: int = 0,
-                 kv_reads: KVReads | None = None, per_attention_group_s: float = 0.0, min_tokens: float = 1.0):
+                 kv_reads: KVReads | None = None, per_attention_group_s: float = 0.0, min_tokens: float = 1.0,
+                 lone_token_s: float = 0.0):
         self.kv_reads = kv_reads            # how the server reads the cache: the KV feature counts it so
         self.min_tokens = max(min_tokens, 1.0)       # the small-batch knee: fewer tokens cost as this many
+        self.lone_token_s = lone_token_s             # a step of one token costs this much more
         if new_count_s < 0 or count_memory < 0 or (new_count_s > 0 and count_memory < 1):
             raise ConfigError("a new token count's cost must be >= 0, with a memory of at least 1 count")
         self.new_count_s, self.count_memory = new_count_s, count_memory
@@ -141,6 +152,7 @@ class LinearStepCost(StepCostModel):
         row += f" + {per_attention_group_s * 1e3:.2f} ms/attention group" if per_attention_group_s else ""
         knee = self.min_tokens
         row += f"; a step of under {knee:g} tokens costs as {knee:g}" if knee > 1 else ""
+        row += f"; {lone_token_s * 1e3:.2f} ms more a step of one token" if lone_token_s else ""
         row += f"; {request_overhead_s * 1e3:.2f} ms a request" if request_overhead_s else ""
         row += (f"; {new_count_s * 1e3:.1f} ms a step of a token count not among the last {count_memory}"
                 if new_count_s else "")
@@ -154,7 +166,7 @@ class LinearStepCost(StepCostModel):
         tokens = np.asarray(shape.tokens, dtype=float)
         rows = tokens if logits_rows is None else np.asarray(logits_rows, dtype=float)
         return np.maximum(self.fixed_s + self.per_token_s * np.maximum(tokens, self.min_tokens)
-                          + self.per_logits_row_s * rows
+                          + self.lone_token_s * (tokens == 1) + self.per_logits_row_s * rows
                           + self.per_kv_token_s * np.asarray(shape.kv_tokens, dtype=float)
                           + self.per_attention_pair_s * np.asarray(shape.pairs, dtype=float)
                           + self.per_attention_group_s * np.asarray(shape.groups, dtype=float), 0.0)
@@ -193,12 +205,14 @@ class LinearStepCost(StepCostModel):
             extra[KV_READS] = self.kv_reads.to_json()
         if self.min_tokens > 1:
             extra[MIN_TOKENS] = self.min_tokens
+        extra[LONE_TOKEN] = self.lone_token_s
         return out | {key: value for key, value in extra.items() if value}
 
     @classmethod
     def from_json(cls, data: dict, description: str = "") -> "LinearStepCost":
         """{"fixed_s", "per_token_s", "per_kv_token_s"[, "per_logits_row_s"][, "request_overhead_s"]
         [, "per_attention_pair_s"][, "per_attention_group_s"][, "new_count_s", "count_memory"][, "kv_reads": {...}]
+        [, "min_tokens"][, "lone_token_s"]
         [, "drafting": {method: {...}}]};
         ValueError when a coefficient is missing or not a number."""
         try:
@@ -207,6 +221,7 @@ class LinearStepCost(StepCostModel):
                 LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR, ATTENTION_GROUP, NEW_COUNT))
             memory = int(data.get(COUNT_MEMORY, 0))
             knee = float(data.get(MIN_TOKENS, 1.0))
+            lone = float(data.get(LONE_TOKEN, 0.0))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"needs {', '.join(COEFFICIENTS)} as numbers") from None
         if new < 0 or memory < 0 or (new > 0 and memory < 1):
@@ -215,7 +230,8 @@ class LinearStepCost(StepCostModel):
                     for method, fit in (data.get("drafting") or {}).items()}
         return cls(*values, description=description, per_logits_row_s=row, drafting=drafting,
                    request_overhead_s=overhead, per_attention_pair_s=pair, new_count_s=new, count_memory=memory,
-                   kv_reads=KVReads.from_json(data.get(KV_READS)), per_attention_group_s=group, min_tokens=knee)
+                   kv_reads=KVReads.from_json(data.get(KV_READS)), per_attention_group_s=group, min_tokens=knee,
+                   lone_token_s=lone)
 
 
 class RecentCounts:

@@ -22,8 +22,16 @@ The small-batch knee (linear_cost.py `min_tokens`): `fit` looks for it among the
 the shortest prompt probed (a knee over a prefill would bend the prefill's line, which the attention
 pairs are for), and keeps it only where it cuts the residuals by more than noise would (an F-test at
 95%); a drafting server's fit takes the plain server's knee (calibrate/command.py), whose waves place it.
+
+A step of one token's own cost (linear_cost.py `lone_token_s`, FitOptions.lone_token) is one column
+more, 1 for a batch-1 decode, and is kept only where the same F-test says it cuts the residuals by
+more than noise would. The knee is placed first, as without it: the drafting server's fit takes that
+knee for its 1.5-row batch-1 waves, and a knee placed beside the column (the batch-1 waves then out of
+its F-test) was lost in most recorded sweeps and their replays came out worse (docs/calculators.md).
+A batch-1 cost of 4 ms pulls the knee half a token up (tests/test_step_fit.py).
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,9 +41,10 @@ from specwise.engine.cost.linear_cost import LinearStepCost, StepShape
 from specwise.errors import ConfigError
 
 MIN_SAMPLES = 6            # three coefficients, and as many samples again to see residuals
-# of fit's design: logits rows, is a TTFT, attention pairs, attention groups (0-2: steps, tokens, KV)
-OPTIONAL_COLUMNS = (3, 4, 5, 6)
+# of fit's design: logits rows, is a TTFT, attention pairs, attention groups, is one token (0-2: steps, tokens, KV)
+OPTIONAL_COLUMNS = (3, 4, 5, 6, 7)
 PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
+LONE_COLUMN = 7                # fitted only with FitOptions.lone_token
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
 KNEE_STEP = 0.25           # the knee's grid, tokens
 MIN_UNDER_KNEE = 2         # samples below a knee, for it to be a level and not one sample's own residual
@@ -54,6 +63,9 @@ class FitOptions:
     small_batch_floor: bool = field(default=True, metadata={"help": (
         "fit a knee below which a step costs as many tokens as at the knee (the weights are read whatever the "
         "rows: a CPU server's batch-1 and batch-4 decodes cost alike); off: the line down to one token")})
+    lone_token: bool = field(default=True, metadata={"help": (
+        "fit what a step of one token costs beyond the line and the knee (a CPU server's batch-1 decode "
+        "often costs more than its batch-4 one); off: a step of one token is a step of few tokens")})
     count_cost: bool = field(default=True, metadata={"help": (
         "calibrate --endpoint: charge a step of a token count the server has not run lately what the "
         "count probe measured (bench/calibrate/counts.py); --no-count-cost: a step costs by its shape alone")})
@@ -121,11 +133,13 @@ class Fit:
 
 def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: KVReads | None = None,
         knee: float | None = None) -> Fit:
-    """Least squares of seconds on (steps, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]);
+    """Least squares of seconds on (steps, tokens, KV tokens[, logits rows][, is a TTFT][, attention pairs]
+    [, attention groups][, is one token]);
     ConfigError when the sweep is too short. An optional column is kept only where the samples tell it
     from the others: logits rows where prefill steps sit beside decode steps, the request overhead where
     TTFTs do, attention pairs (only with options.fit_attention_pairs) where prompts of several lengths
-    do (a decode's pairs are its KV tokens plus its rows: no sweep of decodes alone can tell them apart).
+    do (a decode's pairs are its KV tokens plus its rows: no sweep of decodes alone can tell them apart), a
+    step of one token's own cost (only with options.lone_token) where batch-1 decodes sit beside others.
     kv_reads: how the samples' KV tokens were counted (kv_reads.py), kept with the cost. knee: the small-batch
     knee to fit with (another fit's: the same server drafting); None: looked for (`_small_batch_knee`)."""
     options = options or FitOptions()
@@ -137,20 +151,21 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
                           f"2 of each)")
     if any(s.seconds <= 0 for s in samples):
         raise ConfigError("a step time of zero or less cannot be fitted")
-    design = np.array([[float(s.steps), s.tokens, s.kv_tokens, s.rows, float(s.first_token), s.pairs, s.groups]
-                       for s in samples])
+    design = np.array([[float(s.steps), s.tokens, s.kv_tokens, s.rows, float(s.first_token), s.pairs, s.groups,
+                        float(s.steps == 1 and s.tokens == 1)] for s in samples])
     seconds = np.array([s.seconds for s in samples])
     if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "
                           "sizes move together; vary them apart")
     if knee is None:
-        knee, (kept, values, predicted) = _small_batch_knee(design, seconds, options)
-    else:
-        kept, values, predicted = _solve(_floored(design, knee), seconds, options)
+        # placed without the one-token column: beside it the batch-1 waves would leave the knee's F-test, and a
+        # drafting server's fit takes this knee for its batch-1 waves, which have no such column of their own
+        knee, _ = _small_batch_knee(design, seconds, dataclasses.replace(options, lone_token=False))
+    kept, values, predicted = _lone_token(_floored(design, knee), seconds, options)
     cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
                           per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
                           per_attention_pair_s=values.get(5, 0.0), per_attention_group_s=values.get(6, 0.0),
-                          kv_reads=kv_reads, min_tokens=knee)
+                          kv_reads=kv_reads, min_tokens=knee, lone_token_s=values.get(LONE_COLUMN, 0.0))
     return Fit(cost, list(samples), predicted)
 
 
@@ -183,6 +198,20 @@ def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptio
     return best
 
 
+def _lone_token(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> tuple:
+    """The solve with a step of one token's own cost where it cuts the squared residuals by more than noise
+    would (the knee's F-test at 95%), else the solve without it."""
+    without = _solve(design, seconds, dataclasses.replace(options, lone_token=False))
+    if not options.lone_token:
+        return without
+    with_lone = _solve(design, seconds, options)
+    spare = len(seconds) - len(with_lone[0])
+    if LONE_COLUMN not in with_lone[0] or spare < KNEE_MIN_SPARE:
+        return without
+    error, error_without = _squared_error(with_lone[2], seconds), _squared_error(without[2], seconds)
+    return with_lone if error_without - error > _f_95(spare) * error / spare else without
+
+
 def _floored(design: np.ndarray, knee: float) -> np.ndarray:
     """The design with each step's tokens at least the knee (a sample of several steps: knee tokens a step)."""
     floored = design.copy()
@@ -209,7 +238,8 @@ def _solve(design: np.ndarray, seconds: np.ndarray,
     # the optional terms, each kept only where the samples separate it from the terms kept before it
     kept = [0, 1, 2]
     for column in OPTIONAL_COLUMNS:
-        if column == PAIRS_COLUMN and not options.fit_attention_pairs:
+        if (column == PAIRS_COLUMN and not options.fit_attention_pairs) or (column == LONE_COLUMN
+                                                                              and not options.lone_token):
             continue
         if _rank(design[:, kept + [column]]) == len(kept) + 1:
             kept.append(column)
