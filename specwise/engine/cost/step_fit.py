@@ -161,7 +161,7 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
         # placed without the one-token column: beside it the batch-1 waves would leave the knee's F-test, and a
         # drafting server's fit takes this knee for its batch-1 waves, which have no such column of their own
         knee, _ = _small_batch_knee(design, seconds, dataclasses.replace(options, lone_token=False))
-    kept, values, predicted = _lone_token(_floored(design, knee), seconds, options)
+    kept, values, predicted = _lone_token(_floored(design, knee), seconds, options, knee > 1)
     cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
                           per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
                           per_attention_pair_s=values.get(5, 0.0), per_attention_group_s=values.get(6, 0.0),
@@ -198,14 +198,15 @@ def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptio
     return best
 
 
-def _lone_token(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> tuple:
+def _lone_token(design: np.ndarray, seconds: np.ndarray, options: FitOptions, knee: bool) -> tuple:
     """The solve with a step of one token's own cost where it cuts the squared residuals by more than noise
-    would (the knee's F-test at 95%), else the solve without it."""
+    would (the knee's F-test at 95%), else the solve without it. knee: the design's tokens are floored at
+    a fitted knee (one parameter more, one spare sample less)."""
     without = _solve(design, seconds, dataclasses.replace(options, lone_token=False))
     if not options.lone_token:
         return without
     with_lone = _solve(design, seconds, options)
-    spare = len(seconds) - len(with_lone[0])
+    spare = len(seconds) - len(with_lone[0]) - int(knee)
     if LONE_COLUMN not in with_lone[0] or spare < KNEE_MIN_SPARE:
         return without
     error, error_without = _squared_error(with_lone[2], seconds), _squared_error(without[2], seconds)
