@@ -160,7 +160,7 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
     if knee is None:
         # placed without the one-token column: beside it the batch-1 waves would leave the knee's F-test, and a
         # drafting server's fit takes this knee for its batch-1 waves, which have no such column of their own
-        knee, _ = _small_batch_knee(design, seconds, dataclasses.replace(options, lone_token=False))
+        knee = _small_batch_knee(design, seconds, dataclasses.replace(options, lone_token=False))
     kept, values, predicted = _lone_token(_floored(design, knee), seconds, options, knee > 1)
     cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
                           per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
@@ -169,32 +169,32 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
     return Fit(cost, list(samples), predicted)
 
 
-def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> tuple[float, tuple]:
-    """(knee, the solve at it): the token count below which a step costs as many, chosen by least squares
+def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> float:
+    """The knee: the token count below which a step costs as many, chosen by least squares
     on a grid of KNEE_STEP tokens below the largest decode step and the shortest prompt probed (1: none). A
     knee is a candidate only where at least MIN_UNDER_KNEE samples lie below it and MIN_COUNTS_ABOVE
     distinct token counts at or above it hold the line, and it is kept only where it cuts the squared
     residuals by more than noise would: an F-test of the one term more at 95%, on at least KNEE_MIN_SPARE
     spare samples. Else, and with options.small_batch_floor off, 1."""
-    plain = _solve(design, seconds, options)
     if not options.small_batch_floor:
-        return 1.0, plain
+        return 1.0
+    plain = _solve(design, seconds, options)
     per_step = design[:, 1] / design[:, 0]              # a chunked prefill's steps: each about its mean
     # looked for among the decode steps, below the shortest prompt probed: where it would floor a prefill, it
     # would bend the prefill's line, which the attention pairs are for
     highest = min(per_step[design[:, 4] == 0].max(initial=1.0), per_step[design[:, 4] == 1].min(initial=np.inf))
     plain_error = _squared_error(plain[2], seconds)
-    best, best_error = (1.0, plain), plain_error
+    best, best_kept, best_error = 1.0, plain[0], plain_error
     for knee in np.arange(1.0 + KNEE_STEP, highest, KNEE_STEP):
         if (np.sum(per_step < knee) < MIN_UNDER_KNEE
                 or len(np.unique(per_step[per_step >= knee])) < MIN_COUNTS_ABOVE):
             continue
-        solved = _solve(_floored(design, knee), seconds, options)
-        if (error := _squared_error(solved[2], seconds)) < best_error:
-            best, best_error = (float(knee), solved), error
-    spare = len(seconds) - len(best[1][0]) - 1           # samples beyond the coefficients and the knee
-    if best[0] == 1.0 or spare < KNEE_MIN_SPARE or (plain_error - best_error) <= _f_95(spare) * best_error / spare:
-        return 1.0, plain
+        kept, _, predicted = _solve(_floored(design, knee), seconds, options)
+        if (error := _squared_error(predicted, seconds)) < best_error:
+            best, best_kept, best_error = float(knee), kept, error
+    spare = len(seconds) - len(best_kept) - 1           # samples beyond the coefficients and the knee
+    if best == 1.0 or spare < KNEE_MIN_SPARE or (plain_error - best_error) <= _f_95(spare) * best_error / spare:
+        return 1.0
     return best
 
 
