@@ -65,7 +65,7 @@ class FitOptions:
         "rows: a CPU server's batch-1 and batch-4 decodes cost alike); off: the line down to one token")})
     lone_token: bool = field(default=True, metadata={"help": (
         "fit what a step of one token costs beyond the line and the knee (a CPU server's batch-1 decode "
-        "often costs more than its batch-4 one); off: a step of one token is a step of few tokens")})
+        "sometimes costs more than its batch-4 one); off: a step of one token is a step of few tokens")})
     count_cost: bool = field(default=True, metadata={"help": (
         "calibrate --endpoint: charge a step of a token count the server has not run lately what the "
         "count probe measured (bench/calibrate/counts.py); --no-count-cost: a step costs by its shape alone")})
