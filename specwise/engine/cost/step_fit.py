@@ -193,7 +193,7 @@ def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptio
         if (error := _squared_error(predicted, seconds)) < best_error:
             best, best_kept, best_error = float(knee), kept, error
     spare = len(seconds) - len(best_kept) - 1           # samples beyond the coefficients and the knee
-    if best == 1.0 or spare < KNEE_MIN_SPARE or (plain_error - best_error) <= _f_95(spare) * best_error / spare:
+    if best == 1.0 or not _term_kept(plain_error, best_error, spare):
         return 1.0
     return best
 
@@ -207,10 +207,15 @@ def _lone_token(design: np.ndarray, seconds: np.ndarray, options: FitOptions, kn
         return without
     with_lone = _solve(design, seconds, options)
     spare = len(seconds) - len(with_lone[0]) - int(knee)
-    if LONE_COLUMN not in with_lone[0] or spare < KNEE_MIN_SPARE:
-        return without
-    error, error_without = _squared_error(with_lone[2], seconds), _squared_error(without[2], seconds)
-    return with_lone if error_without - error > _f_95(spare) * error / spare else without
+    kept = LONE_COLUMN in with_lone[0] and _term_kept(_squared_error(without[2], seconds),
+                                                     _squared_error(with_lone[2], seconds), spare)
+    return with_lone if kept else without
+
+
+def _term_kept(error_without: float, error: float, spare: int) -> bool:
+    """The F-test of one term more at 95%: it cuts the squared residuals by more than noise would, with at
+    least KNEE_MIN_SPARE spare samples (beyond every coefficient, the term included)."""
+    return spare >= KNEE_MIN_SPARE and error_without - error > _f_95(spare) * error / spare
 
 
 def _floored(design: np.ndarray, knee: float) -> np.ndarray:
