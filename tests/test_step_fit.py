@@ -113,6 +113,43 @@ def test_a_model_that_does_not_fit_shows_in_its_residuals():
     assert np.abs(fit(samples).relative_residuals).max() > 0.3
 
 
+def test_standard_errors_are_the_spread_of_the_coefficients_over_repeated_sweeps():
+    """400 sweeps of calibrate --endpoint's design on a server whose step is the line (SERVER without its
+    pairs), each step with 1% Gaussian noise: each coefficient's spread over the fits is what one fit's
+    standard error says (within 12%: the spread of 400 fits is itself known to about 4%)."""
+    rng = np.random.default_rng(0)
+    line = SERVER | {"per_attention_pair_s": 0.0}
+    truth = LinearStepCost.from_json(line)
+    keys = ("fixed_s", "per_token_s", "per_kv_token_s", "per_logits_row_s", "request_overhead_s")
+    fits = []
+    for _ in range(400):
+        noiseless = server_sweep(0, pairs_known=False)
+        samples = [dataclasses.replace(s, seconds=(float(truth.seconds(s.shape, s.logits_rows))
+                                                   + truth.request_overhead_s * s.first_token)
+                                       * (1 + 0.01 * rng.standard_normal())) for s in noiseless]
+        fits.append(fit(samples, FitOptions(small_batch_floor=False, lone_token=False)))
+    values = np.array([[f.cost.to_json()[key] for key in keys] for f in fits])
+    errors = np.array([[f.standard_errors[key] for key in keys] for f in fits])
+    assert values.mean(axis=0) == pytest.approx([line[key] for key in keys], rel=0.01)
+    assert values.std(axis=0) == pytest.approx(errors.mean(axis=0), rel=0.12)
+    one = fits[0]
+    assert json.loads(json.dumps(one.to_json()))["standard_errors"] == one.standard_errors
+    assert "; standard errors: fixed " in one.summary() and "per logits row " in one.summary()
+
+
+def test_no_standard_error_where_no_sample_is_spare():
+    """Six steps, six columns kept (calibrate --fit-attention-pairs on three decodes and three TTFTs): the
+    fit goes through every step, and no sample is left to say how far it could be off."""
+    truth = LinearStepCost.from_json(SERVER)
+    steps = [(decodes(b, 1, c), None, False) for b, c in ((1, 0), (4, 100), (16, 30))]
+    steps += [(StepShape.of(n, 0), 1, True) for n in (32, 256, 1024)]
+    samples = [StepSample(shape, float(truth.seconds(shape, rows)) + truth.request_overhead_s * ttft
+                          + 1e-4 * i, logits_rows=rows, first_token=ttft) for i, (shape, rows, ttft) in enumerate(steps)]
+    result = fit(samples, dataclasses.replace(PAIRS, small_batch_floor=False, lone_token=False))
+    assert np.abs(result.relative_residuals).max() < 1e-9 and result.standard_errors == {}
+    assert "standard errors" not in result.summary()
+
+
 @pytest.mark.parametrize("samples", [
     sweep(batch_sizes=(1,), tokens_per_seq=(1,), contexts=(0, 512)),             # 2 steps
     sweep(batch_sizes=(1, 2, 4, 8), tokens_per_seq=(1,), contexts=(0,)),         # one KV size

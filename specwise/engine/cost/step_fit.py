@@ -18,6 +18,10 @@ coefficients of linear_cost.py's (20 ms, 0.5 ms a token, 2 us a KV token): a 1,0
 budget of 512 runs chunks of 512, 512 and 40 tokens over 0, 512 and 1,024 cached ones: 3 x 20 + 0.5 x
 1,064 + 0.002 x 1,536 = 595.1 ms, where one step of the whole prompt would cost 552 ms (before the pairs).
 
+Each coefficient comes with its standard error (`Fit.standard_errors`, printed and kept in the profile):
+the relative least squares' covariance given the terms kept and the knee placed, how closely the
+sweep's own steps pin it (not how far the machine moves between the sweep and a run).
+
 The small-batch knee (linear_cost.py `min_tokens`): `fit` looks for it among the decode steps, below
 the shortest prompt probed (a knee over a prefill would bend the prefill's line, which the attention
 pairs are for), and keeps it only where it cuts the residuals by more than noise would (an F-test at
@@ -37,7 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specwise.engine.cost.kv_reads import KVReads
-from specwise.engine.cost.linear_cost import LinearStepCost, StepShape
+from specwise.engine.cost.linear_cost import (ATTENTION_GROUP, ATTENTION_PAIR, COEFFICIENTS, LOGITS_ROW, LONE_TOKEN,
+                                               REQUEST_OVERHEAD, LinearStepCost, StepShape)
 from specwise.errors import ConfigError
 
 MIN_SAMPLES = 6            # three coefficients, and as many samples again to see residuals
@@ -45,6 +50,8 @@ MIN_SAMPLES = 6            # three coefficients, and as many samples again to se
 OPTIONAL_COLUMNS = (3, 4, 5, 6, 7)
 PAIRS_COLUMN = 5               # fitted only with FitOptions.fit_attention_pairs
 LONE_COLUMN = 7                # fitted only with FitOptions.lone_token
+# the profile's key of each column's coefficient (linear_cost.py)
+COLUMN_KEYS = (*COEFFICIENTS, LOGITS_ROW, REQUEST_OVERHEAD, ATTENTION_PAIR, ATTENTION_GROUP, LONE_TOKEN)
 NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale is rounding, not a cost
 KNEE_STEP = 0.25           # the knee's grid, tokens
 MIN_UNDER_KNEE = 2         # samples below a knee, for it to be a level and not one sample's own residual
@@ -105,6 +112,8 @@ class Fit:
     cost: LinearStepCost
     samples: list[StepSample]
     predicted: np.ndarray          # [samples] seconds the fitted model gives
+    # each fitted coefficient's standard error, by its profile key (`_standard_errors`); absent: fitted away (0)
+    standard_errors: dict[str, float] = field(default_factory=dict)
 
     @property
     def relative_residuals(self) -> np.ndarray:
@@ -116,7 +125,18 @@ class Fit:
         """One line: the coefficients and the residuals' median and worst."""
         residuals = np.abs(self.relative_residuals)
         return (f"{self.cost.description}; residuals over {len(self.samples)} steps: median "
-                f"{np.median(residuals):.1%}, worst {residuals.max():.1%}")
+                f"{np.median(residuals):.1%}, worst {residuals.max():.1%}" + self._errors_line())
+
+    def relative_errors(self) -> dict[str, float]:
+        """Each fitted coefficient's standard error over its value (a coefficient that came out 0: none)."""
+        values = self.cost.to_json()
+        return {key: error / values[key] for key, error in self.standard_errors.items() if values.get(key)}
+
+    def _errors_line(self) -> str:
+        if not self.standard_errors:
+            return ""
+        return "; standard errors: " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {error:.1%}"
+                                                 for key, error in self.relative_errors().items())
 
     def residual_lines(self) -> list[str]:
         return [f"  {s.tokens:>8g} tokens {s.rows:>6g} logits rows {s.kv_tokens:>9g} KV {s.pairs:>10g} pairs  measured "
@@ -128,7 +148,8 @@ class Fit:
         """The coefficients with the residuals' median and worst (a profile's "linear")."""
         residuals = np.abs(self.relative_residuals)
         return self.cost.to_json() | {"median_residual": float(np.median(residuals)),
-                                      "worst_residual": float(residuals.max()), "steps": len(self.samples)}
+                                      "worst_residual": float(residuals.max()), "steps": len(self.samples),
+                                      "standard_errors": self.standard_errors}
 
 
 def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: KVReads | None = None,
@@ -161,12 +182,29 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
         # placed without the one-token column: beside it the batch-1 waves would leave the knee's F-test, and a
         # drafting server's fit takes this knee for its batch-1 waves, which have no such column of their own
         knee = _small_batch_knee(design, seconds, dataclasses.replace(options, lone_token=False))
-    kept, values, predicted = _lone_token(_floored(design, knee), seconds, options, knee > 1)
+    floored = _floored(design, knee)
+    kept, values, predicted = _lone_token(floored, seconds, options, knee > 1)
     cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
                           per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
                           per_attention_pair_s=values.get(5, 0.0), per_attention_group_s=values.get(6, 0.0),
                           kv_reads=kv_reads, min_tokens=knee, lone_token_s=values.get(LONE_COLUMN, 0.0))
-    return Fit(cost, list(samples), predicted)
+    return Fit(cost, list(samples), predicted, _standard_errors(floored[:, kept], seconds, predicted, knee > 1,
+                                                                [COLUMN_KEYS[column] for column in kept]))
+
+
+def _standard_errors(design: np.ndarray, seconds: np.ndarray, predicted: np.ndarray, knee: bool,
+                     keys: list[str]) -> dict[str, float]:
+    """Each kept coefficient's standard error, by its key: the relative least squares' covariance,
+    s^2 (X'X)^-1 over the weighted design, s^2 the squared relative residuals over the spare samples (a
+    fitted knee takes one more). Conditional on the columns kept and the knee placed, as the fit's
+    coefficients are. Empty where no sample is spare."""
+    spare = len(seconds) - design.shape[1] - int(knee)
+    if spare < 1:
+        return {}
+    weighted = design / seconds[:, None]
+    variance = _squared_error(predicted, seconds) / spare
+    covariance = variance * np.linalg.pinv(weighted.T @ weighted)
+    return {key: float(np.sqrt(max(covariance[i, i], 0.0))) for i, key in enumerate(keys)}
 
 
 def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptions) -> float:
