@@ -186,3 +186,52 @@ def test_a_closed_loop_is_replayed_in_the_order_its_workers_took_the_requests(tm
     sends = {r.request_id: r.send_time for r in validation.predicted_records}
     assert sends == pytest.approx({"a-t0": 0.0, "b": 0.0, "c": 0.02, "a-t1": 0.03})
     assert all(p.error("throughput") == pytest.approx(0.0) for p in validation.points)   # the same window
+
+
+def drift_run(path, waves: list[dict] | None):
+    """The plain arm alone at c=1: two requests of 100 and 300 prompt tokens, each streaming three tokens a
+    chunk apart (35 ms, then 37 ms), and a linear profile (30 ms + 1 ms a token + 10 us a KV token) whose
+    sweep, where given, recorded `waves`."""
+    lines = [RequestRecord(arm="off", method="off", load_kind="concurrency", load_value=1, category="chat",
+                           request_id=f"q{i}", prompt_tokens=prompt, output_tokens=3, send_time=send, ttft=0.05,
+                           e2e=0.05 + 2 * gap, chunk_times=[0.05, 0.05 + gap, 0.05 + 2 * gap],
+                           chunk_tokens=[1, 1, 1]).to_json()
+             for i, (prompt, send, gap) in enumerate(((100, 0.0, 0.035), (300, 0.2, 0.037)))]
+    (path / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    (path / "run.json").write_text(json.dumps({"tool": "evaluate", "arms": [{"name": "off", "method": "off"}],
+                                               "baseline": "off", "loads": [{"kind": "concurrency", "value": 1}],
+                                               "engine": ENGINE}))
+    profile = {"format": "specwise-step-profile", "version": 1,
+               "linear": {"fixed_s": 0.030, "per_token_s": 0.001, "per_kv_token_s": 1e-5}}
+    if waves is not None:
+        profile["calibration"] = {"waves": waves}
+    (path / "profile.json").write_text(json.dumps(profile))
+
+
+def test_validate_says_how_far_the_server_moved_between_the_sweep_and_the_run(tmp_path, capsys):
+    """The run's batch-1 step: the median of its gaps (35, 35, 37, 37 ms) is 36 ms, over the contexts those
+    gaps read (100, 101, 300, 301: 200.5 tokens). The sweep's batch-1 waves, 32.2 ms over 50 tokens and 34.0
+    over 250, brought to 200.5 tokens at 10 us a token: 33.705 and 33.505, mean 33.605 ms. The fit there: 30 + 1
+    + 2.005 = 33.005 ms. The server moved 36 / 33.605 - 1 = +7.1%; the fit is 33.005 / 33.605 - 1 = -1.8% from
+    the sweep, -8.3% from the run. A wave of another batch size or endpoint, or one with errors, is not one."""
+    waves = [{"endpoint": "off", "batch_size": 1, "errors": 0, "kv_tokens": 50.0, "decode_seconds": 0.0322},
+             {"endpoint": "off", "batch_size": 1, "errors": 0, "kv_tokens": 250.0, "decode_seconds": 0.0340},
+             {"endpoint": "off", "batch_size": 4, "errors": 0, "kv_tokens": 200.0, "decode_seconds": 0.050},
+             {"endpoint": "ngram", "batch_size": 1, "errors": 0, "kv_tokens": 60.0, "decode_seconds": 0.040},
+             {"endpoint": "off", "batch_size": 1, "errors": 1, "kv_tokens": 60.0, "decode_seconds": 0.090},
+             {"endpoint": "off", "batch_size": 1, "errors": 1, "prompt_tokens": 32}]
+    drift_run(tmp_path, waves)
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json")]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == ("between the sweep and the run: off's batch-1 decode step took 36.0 ms in the run (c=1, the "
+                    "median chunk gap, about 200 cached tokens) against 33.6 ms in the sweep (its 2 batch-1 waves, at "
+                    "that context): the server moved +7.1%; the fit is -1.8% from the sweep's waves (-8.3% from the run)")
+
+
+def test_no_drift_line_without_a_sweeps_batch_1_waves(tmp_path, capsys):
+    drift_run(tmp_path, None)                        # a linear profile written by hand: no sweep recorded
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json")]) == 0
+    assert "between the sweep and the run" not in capsys.readouterr().out
+    recorded_run(tmp_path)                           # a grid profile (our engine's calibrate)
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json")]) == 0
+    assert "between the sweep and the run" not in capsys.readouterr().out

@@ -24,6 +24,7 @@ from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli_args import add_dataclass_args, dataclass_from_args
 from specwise.engine.cost.step_profile import profile_token_budget
 from specwise.errors import ConfigError
+from specwise.sim.drift import run_drift
 from specwise.sim.flat import FlatResult, FlatSimulator
 from specwise.sim.records import write_results
 from specwise.sim.simulator import SimServerConfig, Simulator
@@ -73,7 +74,7 @@ def run_simulate(args, argv: list[str] | None = None) -> int:
     config = dataclass_from_args(SimulateConfig, args)
     cost = target_cost(args, deployment)
     if config.validate:
-        return run_validate(config, cost, deployment, server)
+        return run_validate(config, cost, deployment, server, args.profile)
     arms = [OFF] + [parse_arm(text, cost, deployment) for text in config.arm if text.strip() != "off"]
     if len({arm.name for arm in arms}) != len(arms):
         raise ConfigError("two arms share a name; add name=... to one of them")
@@ -108,10 +109,13 @@ def profile_server_defaults(args) -> dict:
     return {"max_num_batched_tokens": budget}
 
 
-def run_validate(config: SimulateConfig, cost, deployment: Deployment, server: SimServerConfig) -> int:
+def run_validate(config: SimulateConfig, cost, deployment: Deployment, server: SimServerConfig,
+                 profile: str | None = None) -> int:
     validation = validate(config.validate, cost, deployment, server, seed=config.seed)
     print(f"{config.validate} replayed on paper ({cost.description}); error = predicted / measured - 1")
     print(report(validation))
+    if drift := run_drift(config.validate, profile, cost):
+        print(drift.describe())
     if config.output:
         write_predicted(config.output, validation, read_run_info(config.validate))
         print(f"predicted run in {config.output} (render: specwise report {config.output})")

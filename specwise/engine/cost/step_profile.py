@@ -162,6 +162,18 @@ def profile_token_budget(path) -> int | None:
     return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
+def calibration_waves(path, endpoint: str, batch_size: int) -> list[dict]:
+    """The waves a `calibrate --endpoint` sweep recorded for that endpoint at that batch size (each with its
+    "kv_tokens" and "decode_seconds"); [] for any other profile, or an unreadable one."""
+    try:
+        waves = json.loads(Path(path).read_text(encoding="utf-8"))["calibration"]["waves"]
+        return [wave for wave in waves if wave.get("endpoint") == endpoint and wave.get("batch_size") == batch_size
+                and not wave.get("errors") and float(wave.get("decode_seconds", 0)) > 0
+                and float(wave.get("kv_tokens", -1)) >= 0]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def _bracket(axis: np.ndarray, x: float) -> tuple[int, int, float]:
     """Indices of the two grid points around x and x's weight on the second (outside [0, 1]
     when extrapolating)."""
