@@ -24,9 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from specwise.bench.results import RequestRecord, read_records, read_run_info
-from specwise.calc.arms import OFF
 from specwise.engine.cost.linear_cost import LinearStepCost, StepShape
-from specwise.engine.cost.step_profile import calibration_waves
+from specwise.engine.cost.step_profile import PLAIN_ENDPOINT, calibration_waves
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,8 @@ def batch_one_drift(records: list[RequestRecord], arm: str, waves: list[dict],
     None where the run has no such point or the sweep no such wave."""
     gaps, contexts = [], []
     for record in records:
-        if (record.arm, record.load_kind, record.load_value) != (arm, "concurrency", 1) or record.error or record.warmup:
+        point = (record.arm, record.load_kind, record.load_value)
+        if point != (arm, "concurrency", 1) or record.error or record.warmup:
             continue
         tokens = record.chunk_tokens or [1] * len(record.chunk_times)
         emitted = np.cumsum(tokens)
@@ -80,8 +80,8 @@ def batch_one_drift(records: list[RequestRecord], arm: str, waves: list[dict],
 
 def run_drift(results_dir, profile, cost) -> BatchOneDrift | None:
     """The drift of a run's plain arm (its baseline) from the sweep that wrote `profile` (a
-    `calibrate --endpoint` profile, whose plain endpoint is "off"); None for a cost of any other kind."""
+    `calibrate --endpoint` profile); None for a cost of any other kind."""
     if profile is None or not isinstance(cost, LinearStepCost):
         return None
-    arm = read_run_info(results_dir).get("baseline") or OFF.name
-    return batch_one_drift(read_records(results_dir), arm, calibration_waves(profile, OFF.name, 1), cost)
+    arm = read_run_info(results_dir).get("baseline") or PLAIN_ENDPOINT
+    return batch_one_drift(read_records(results_dir), arm, calibration_waves(profile, 1), cost)

@@ -40,11 +40,10 @@ from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoi
 from specwise.bench.results import RequestRecord, read_records_file
 from specwise.engine.cost.kv_reads import KVReads
 from specwise.engine.cost.step_fit import Fit, FitOptions, fit
-from specwise.engine.cost.step_profile import PROFILE_FORMAT
+from specwise.engine.cost.step_profile import PLAIN_ENDPOINT, PROFILE_FORMAT
 from specwise.errors import ConfigError, InputError
 
 MAX_MEDIAN_RESIDUAL = 0.10     # a fit that misses its own steps by more (median) is noise, not a profile
-PLAIN = "off"
 
 
 def parse_arms(texts: list[str]) -> dict[str, str]:
@@ -52,7 +51,7 @@ def parse_arms(texts: list[str]) -> dict[str, str]:
     arms = {}
     for text in texts:
         method, _, url = text.partition("=")
-        if not method or not url or method == PLAIN:
+        if not method or not url or method == PLAIN_ENDPOINT:
             raise ConfigError(f"--speculative-arm takes METHOD=URL (e.g. ngram=http://127.0.0.1:8001), got {text!r}")
         if method in arms:
             raise ConfigError(f"--speculative-arm {method} is given twice")
@@ -63,7 +62,7 @@ def parse_arms(texts: list[str]) -> dict[str, str]:
 def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign, model: str | None,
                         output: str, options: FitOptions | None = None) -> dict:
     """Run the sweep, fit each endpoint, write and return the profile; ConfigError when it cannot fit."""
-    urls = {PLAIN: endpoint} | arms
+    urls = {PLAIN_ENDPOINT: endpoint} | arms
     for name, url in urls.items():
         asyncio.run(check_endpoint(name, url))
     design = _with_what_the_server_says(design, endpoint)
@@ -155,12 +154,12 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
                     [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads, knee,
                     sweep.counts.get(name))
 
-    fits = {PLAIN: endpoint_fit(PLAIN)}
-    fits |= {name: endpoint_fit(name, fits[PLAIN].cost.min_tokens) for name in urls if name != PLAIN}
-    linear = fits[PLAIN].to_json()
+    fits = {PLAIN_ENDPOINT: endpoint_fit(PLAIN_ENDPOINT)}
+    fits |= {name: endpoint_fit(name, fits[PLAIN_ENDPOINT].cost.min_tokens) for name in urls if name != PLAIN_ENDPOINT}
+    linear = fits[PLAIN_ENDPOINT].to_json()
     if len(urls) > 1:
-        linear["drafting"] = {method: fits[method].to_json() for method in urls if method != PLAIN}
-    profile = {"format": PROFILE_FORMAT, "version": 1, "machine": f"endpoint {urls[PLAIN]}", "model": model,
+        linear["drafting"] = {method: fits[method].to_json() for method in urls if method != PLAIN_ENDPOINT}
+    profile = {"format": PROFILE_FORMAT, "version": 1, "machine": f"endpoint {urls[PLAIN_ENDPOINT]}", "model": model,
                "linear": linear,
                "calibration": calibration | {"prefills": [_probe_json(probe) for probe in sweep.probes],
                                              "counts": {name: asdict(cost) for name, cost in counts.items() if cost},

@@ -46,6 +46,7 @@ from specwise.engine.cost.step_cost import StepCostModel, check_step_shape
 from specwise.errors import InputError
 
 PROFILE_FORMAT = "specwise-step-profile"
+PLAIN_ENDPOINT = "off"      # calibrate --endpoint's name for the server that does not speculate (its waves, its fit)
 AXES = ("batch_sizes", "tokens_per_seq", "context_lens")
 PREFILL_KEYS = ("prefill_tokens", "prefill_seconds", "prefill_prompt_len", "prefill_pads_to_longest")
 
@@ -162,7 +163,7 @@ def profile_token_budget(path) -> int | None:
     return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
-def calibration_waves(path, endpoint: str, batch_size: int) -> list[dict]:
+def calibration_waves(path, batch_size: int, endpoint: str = PLAIN_ENDPOINT) -> list[dict]:
     """The waves a `calibrate --endpoint` sweep recorded for that endpoint at that batch size (each with its
     "kv_tokens" and "decode_seconds"); [] for any other profile, or an unreadable one."""
     try:
