@@ -238,12 +238,12 @@ def compare(measured: list[RequestRecord], predicted: list[RequestRecord], run: 
             continue
         key = (row.arm, row.load_kind, row.load_value)
         verdicts = tuple(c.get(key[:2], {}).get(row.load_value) for c in calls)
-        points.append(PointComparison(*key, _figures(real, *key) | {"step": _median_step(measured, *key)},
-                                      _figures(model, *key) | {"step": _median_step(predicted, *key)}, verdicts))
+        points.append(PointComparison(*key, _figures(real, *key) | {"step": median_step(measured, *key)},
+                                      _figures(model, *key) | {"step": median_step(predicted, *key)}, verdicts))
     return points
 
 
-def _median_step(records: list[RequestRecord], arm: str, kind: str, value: float) -> float | None:
+def median_step(records: list[RequestRecord], arm: str, kind: str, value: float) -> float | None:
     """The median gap between consecutive streamed chunks over the point's finished requests."""
     gaps = [later - earlier for r in records
             if (r.arm, r.load_kind, r.load_value) == (arm, kind, value) and not r.error and not r.warmup

@@ -178,19 +178,18 @@ def fit(samples: list[StepSample], options: FitOptions | None = None, kv_reads: 
     if _rank(design[:, :3]) < 3:
         raise ConfigError("the sweep is too short to fit fixed + per token + per KV token: token counts and KV "
                           "sizes move together; vary them apart")
-    fitted_knee = knee is None         # a knee given (the plain server's, for its drafting fit) is no coefficient here
+    searched = knee is None         # a knee given (the plain server's, for its drafting fit) is no coefficient here
     if knee is None:
         # placed without the one-token column: beside it the batch-1 waves would leave the knee's F-test, and a
         # drafting server's fit takes this knee for its batch-1 waves, which have no such column of their own
         knee = _small_batch_knee(design, seconds, dataclasses.replace(options, lone_token=False))
-    floored = _floored(design, knee)
-    kept, values, predicted = _lone_token(floored, seconds, options, fitted_knee and knee > 1)
+    floored, knee_fitted = _floored(design, knee), searched and knee > 1
+    kept, values, predicted = _lone_token(floored, seconds, options, knee_fitted)
     cost = LinearStepCost(values.get(0, 0.0), values.get(1, 0.0), values.get(2, 0.0),
                           per_logits_row_s=values.get(3, 0.0), request_overhead_s=values.get(4, 0.0),
                           per_attention_pair_s=values.get(5, 0.0), per_attention_group_s=values.get(6, 0.0),
                           kv_reads=kv_reads, min_tokens=knee, lone_token_s=values.get(LONE_COLUMN, 0.0))
-    return Fit(cost, list(samples), predicted, _standard_errors(floored[:, kept], seconds, predicted,
-                                                                fitted_knee and knee > 1,
+    return Fit(cost, list(samples), predicted, _standard_errors(floored[:, kept], seconds, predicted, knee_fitted,
                                                                 [COLUMN_KEYS[column] for column in kept]))
 
 
