@@ -20,6 +20,7 @@ On a tiny random fp32 target:
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -254,3 +255,15 @@ def test_holds_says_whether_every_graph_is_there_and_creates_nothing(tmp_path, m
     assert not compile_cache.holds(key, ["forward-1"])
     monkeypatch.setenv(compile_cache.ENV, "off")
     assert not compile_cache.holds(key, [])
+
+
+@pytest.mark.skipif(not Path(compiled_module.PROC_MAPS).is_file(), reason="no /proc/self/maps to find the unpacked graphs by")
+def test_loaded_graphs_leave_nothing_unpacked_in_the_temp_dir(checkpoint, compiled, compile_calls, monkeypatch, tmp_path):
+    """The loader unpacks each package under the temp dir and removes it only when freed, which a killed server or
+    the compile worker (os._exit) never did: while the engine serves, its graphs' directories are gone already."""
+    compiled.engine.set_speculative(None, 0)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))                # where the loader unpacks (it reads TMPDIR)
+    second = LLM(checkpoint=checkpoint, compile=True, **ENGINE)
+    assert compile_calls == [] and len(second.engine.runner.forward_fn.loaded) == 8
+    assert list(tmp_path.iterdir()) == []
+    assert greedy(second) == greedy(compiled)

@@ -30,7 +30,10 @@ oneDNN's packed linear at one row. A quantized LM head (int8) runs its kernel.
 Measured on the 2-core VM (default model, bf16), see docs/engine.md.
 """
 
+import re
+import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,11 @@ from specwise.models.llama import LlamaForCausalLM
 
 BUCKETS = (1, 2, 4)             # token counts with a static graph (C++ GEMM template); steps are padded up to one
 DYNAMIC_WARM_UP = 16            # the dynamic graphs' example token count
+PROC_MAPS = "/proc/self/maps"
+# the directory AOTInductor's loader unpacked a package into, from the path of a file it mapped from it:
+# "/tmp/aotinductor_pTdbZE/.forward-4-li76zjmu/data/aotinductor/model/....wrapper.so" -> "/tmp/aotinductor_pTdbZE"
+UNPACKED = re.compile(r"^(.*/aotinductor_[^/]+)/")
+_LOADING = threading.Lock()
 
 source_digest(sys.modules[__name__])       # this file as imported, part of every cache entry's key (compile_cache.py)
 
@@ -286,8 +294,30 @@ def compile_graph(module: torch.nn.Module, example: tuple, dynamic_shapes: tuple
 
 def _load(path: Path) -> Run:
     """The package's loader, built as `torch._inductor.aoti_load_package` builds it but without importing
-    inductor (its Python side): five of the default model's graphs loaded in 2.1 s against 5.7-6.6 s."""
-    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1).boxed_run
+    inductor (its Python side): five of the default model's graphs loaded in 2.1 s against 5.7-6.6 s.
+
+    The loader unpacks the package into a directory of its own under the temp dir and removes it only when
+    it is freed, which a process that ends by os._exit (the compile worker) or is killed never does: each
+    such process left its graphs there (the default model's 8: 1.3 GB; the 2-core VM's /tmp held 608 such
+    directories of the tests' tiny models after a day). The library it loaded stays mapped once its file is
+    gone, so the directory is removed as soon as the graph is loaded (one load at a time: the files a load
+    mapped are its own)."""
+    with _LOADING:
+        before = _mapped_files()
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        for unpacked in {match[1] for name in _mapped_files() - before if (match := UNPACKED.match(name))}:
+            shutil.rmtree(unpacked, ignore_errors=True)
+    return loader.boxed_run
+
+
+def _mapped_files() -> set[str]:
+    """The files this process has mapped (Linux's /proc/self/maps: address, perms, offset, dev, inode, path);
+    none where it has no such file (there the loader's own cleanup, when it is freed, is all there is)."""
+    try:
+        with open(PROC_MAPS, encoding="utf-8", errors="replace") as maps:
+            return {fields[5].strip() for fields in (line.split(maxsplit=5) for line in maps) if len(fields) == 6}
+    except OSError:
+        return set()
 
 
 def _is_compile_failure(error: Exception) -> bool:
