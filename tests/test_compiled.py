@@ -117,11 +117,13 @@ def test_no_recompilation_after_warm_up(compiled):
 
 def test_layer_skip_graphs_compile_when_the_drafter_is_set_up(compiled):
     """A layer-skip drafter's shorter forward is compiled when it is chosen, so its first requests
-    (a server's first clients) do not wait minutes: generating with it compiles nothing more."""
-    before = graphs(compiled)
-    compiled.engine.set_speculative("layer_skip:2", 3)
+    (a server's first clients) do not wait minutes: once it is set up every graph of its depth is there, and
+    generating with it compiles nothing more. (Depth 1, as the other layer-skip tests here: its four graphs
+    are compiled once, by whichever of them runs first.)"""
+    forward_fn = compiled.engine.runner.forward_fn
+    compiled.engine.set_speculative("layer_skip:1", 3)
     compiled_at_set_up = graphs(compiled)
-    assert compiled_at_set_up > before
+    assert set(forward_fn.graph_set.graphs(1)) <= set(forward_fn.runs)
     drafts = compiled.engine.stats.drafts
     compiled.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert compiled.engine.stats.drafts > drafts
