@@ -15,7 +15,7 @@ On a tiny random fp32 target:
     every one and compiles none, a corrupt package is compiled again with a note, and greedy outputs are
     the same either way; an entry made for other settings is emptied with a note; each setting the
     graphs depend on changes the entry; an engine with compile unset (None) takes the cached graphs, and runs
-    eagerly where the cache holds none for its settings.
+    eagerly where the cache holds none for its settings; loading them leaves nothing unpacked in the temp dir.
 """
 
 import dataclasses
@@ -259,8 +259,9 @@ def test_holds_says_whether_every_graph_is_there_and_creates_nothing(tmp_path, m
     assert not compile_cache.holds(key, [])
 
 
-@pytest.mark.skipif(not Path(compiled_module.PROC_MAPS).is_file(), reason="no /proc/self/maps to find the unpacked graphs by")
-def test_loaded_graphs_leave_nothing_unpacked_in_the_temp_dir(checkpoint, compiled, compile_calls, monkeypatch, tmp_path):
+@pytest.mark.skipif(not Path(compiled_module.PROC_MAPS).is_file(), reason="no /proc/self/maps to find them by")
+def test_loaded_graphs_leave_nothing_unpacked_in_the_temp_dir(checkpoint, compiled, compile_calls, monkeypatch,
+                                                              tmp_path):
     """The loader unpacks each package under the temp dir and removes it only when freed, which a killed server or
     the compile worker (os._exit) never did: while the engine serves, its graphs' directories are gone already."""
     compiled.engine.set_speculative(None, 0)
