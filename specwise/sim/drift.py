@@ -9,13 +9,13 @@ measured too (its batch-1 waves, calibrate/sweep.py). So:
     moved = the run's step / the sweep's step - 1     (the server, between the two)
     fit   = the fitted step / the sweep's step - 1     (the model, at the sweep's own steps)
 
-The run's step is the median gap between consecutive chunks over its c=1 requests (validate.py's step
-column at that point), at the mean context those gaps read; the sweep's is the mean of its batch-1
-waves, each brought to that context by the fit's cost a KV token. Worked example: the run's gaps have a median of 35.1 ms over about 211
-cached tokens; the sweep's batch-1 waves took 31.6 ms over 61 tokens and 32.5 ms over 257, at 3 us a
-KV token 32.05 and 32.36 ms at 211, mean 32.2 ms; the fit gives 29.7 ms there. The server moved
-+9.0%, the fit is -7.8% from the sweep's waves, and the replay's batch-1 step -15.4% from the run's:
-no fit of that sweep could have come closer than 9%.
+The run's step is the median gap between consecutive chunks over its c=1 requests (validate.py's
+step column at that point), at the mean context those gaps read; the sweep's is the mean of its
+batch-1 waves, each brought to that context by the fit's cost a KV token. Worked example: the run's
+gaps have a median of 35.1 ms over about 211 cached tokens; the sweep's batch-1 waves took 31.6 ms
+over 61 tokens and 32.5 ms over 257, at 3 us a KV token 32.05 and 32.36 ms at 211, mean 32.2 ms; the
+fit gives 29.7 ms there. The server moved +9.0%, the fit is -7.8% from the sweep's waves, and the
+replay's batch-1 step -15.4% from the run's: no fit of that sweep could have come closer than 9%.
 """
 
 import statistics
