@@ -22,6 +22,7 @@ from specwise.cli import main
 from specwise.engine.cost.step_profile import ProfileCost
 from specwise.sim.simulator import SimServerConfig
 from specwise.sim.validate import Validation, compare, measured_workload, plan_positions, report, session_turns, validate
+from specwise.sim.validation_plot import validation_figure
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
           "max_model_len": 512}
@@ -101,6 +102,65 @@ def test_two_replays_compare_as_a_measurement_and_its_replay_do(tmp_path):
     out = report(Validation(against_itself), ("sw1", "sw2"), decided_by="sw1")
     assert "TPOT sw1" in out and "TPOT: median |error| 0.0%, worst 0.0% over 2 points" in out
     assert "agree where sw1 decided one" in out
+
+
+def test_output_keeps_the_comparison_as_text_json_and_a_plot(tmp_path, capsys):
+    """`--output DIR`: validation.txt is what was printed, validation.json holds the errors computed by hand
+    and the summary lines' figures, validation.png is a PNG."""
+    recorded_run(tmp_path)
+    out_dir = tmp_path / "predicted"
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json"),
+                 "--output", str(out_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith((out_dir / "validation.txt").read_text())
+    assert f"plotted in {out_dir / 'validation.png'}" in printed
+    saved = json.loads((out_dir / "validation.json").read_text())
+    errors = hand_errors()
+    by_arm = {point["arm"]: point for point in saved["points"]}
+    assert set(by_arm) == {"off", "ngram-k4"}
+    for arm, by_metric in errors.items():
+        assert by_arm[arm]["load_kind"] == "concurrency" and by_arm[arm]["load_value"] == 1
+        assert {key: by_arm[arm]["error"][key] for key in by_metric} == pytest.approx(by_metric)
+    assert by_arm["ngram-k4"]["measured"]["acceptance"] == by_arm["ngram-k4"]["predicted"]["acceptance"] == 1.0
+    assert by_arm["off"]["error"]["acceptance"] is None
+    tpot = [abs(errors[arm]["tpot"]) for arm in errors]
+    assert saved["errors"]["tpot"] == pytest.approx({"median_abs_error": np.median(tpot), "worst_abs_error": max(tpot),
+                                                     "points": 2})
+    assert "verdicts: 0 of 0 agree where the measurement decided one (1 points where it can't tell)" in printed
+    assert saved["verdicts"] == {"agree": 0, "decided": 0, "cant_tell": 1} and saved["not_replayed"] == {}
+    assert by_arm["ngram-k4"]["verdict"]["measured"] == "can't tell" and by_arm["off"]["verdict"]["measured"] is None
+    assert (out_dir / "validation.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_the_plot_draws_each_arms_measured_and_predicted_figures_and_errors(tmp_path):
+    """validation.png's figure: per metric a panel of values (measured dots, predicted crosses, in ms for
+    times) and below it one of errors; each line's points are the validation's own."""
+    recorded_run(tmp_path)
+    cost = ProfileCost.load(tmp_path / "profile.json")
+    deployment = Deployment.from_config(DeploymentConfig(model="smollm2-135m", gpu="h100-sxm"))
+    validation = validate(tmp_path, cost, deployment, SimServerConfig())
+    figure = validation_figure(validation)
+    panels = ["mean TTFT (ms)", "mean TPOT (ms)", "median step (ms)", "output tokens/s", "acceptance rate"]
+    values, errors = figure.axes[0::2], figure.axes[1::2]
+    assert [axes.get_ylabel() for axes in values] == panels
+    for axes, (key, scale) in zip(values, (("ttft", 1e3), ("tpot", 1e3), ("step", 1e3), ("throughput", 1),
+                                           ("acceptance", 1))):
+        lines = {line.get_label(): line for line in axes.get_lines()}
+        for point in validation.points:
+            for side, marker in (("measured", "o"), ("predicted", "x")):
+                figure_value = getattr(point, side).get(key)
+                label = f"{point.arm} {side}"
+                if figure_value is None:
+                    assert label not in lines
+                    continue
+                assert lines[label].get_marker() == marker
+                assert list(lines[label].get_xdata()) == [1]
+                assert list(lines[label].get_ydata()) == pytest.approx([figure_value * scale])
+    tpot_errors = {line.get_label(): line.get_ydata()[0] for line in errors[1].get_lines() if line.get_label() in
+                   ("off", "ngram-k4")}
+    assert tpot_errors == pytest.approx({arm: hand_errors()[arm]["tpot"] for arm in ("off", "ngram-k4")})
+    worst = max(abs(hand_errors()[arm]["tpot"]) for arm in ("off", "ngram-k4"))
+    assert f"worst {worst:.1%} (2 points)" in errors[1].get_title()
 
 
 def test_validate_says_which_arms_it_cannot_replay(tmp_path, capsys):

@@ -7,6 +7,7 @@ renders it with the same plots and recommendation.
 """
 
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from specwise.sim.flat import FlatResult, FlatSimulator
 from specwise.sim.records import write_results
 from specwise.sim.simulator import SimServerConfig, Simulator
 from specwise.sim.validate import report, validate, write_predicted
+from specwise.sim.validation_plot import validation_png
 from specwise.sim.workload import prompt_tokens
 
 
@@ -49,7 +51,7 @@ class SimulateConfig(LoadConfig):
     validate: str | None = help_field(
         "an evaluate results directory: replay its requests, load points and arms on paper (the engine's limits "
         "from its run.json, step costs from --profile) and print measured against predicted, with the errors; "
-        "--output then keeps the predicted run")
+        "--output then keeps the predicted run and the comparison (validation.txt, .json and a plot, .png)")
 
     default_concurrency: ClassVar[str] = "1,4,16,64"
 
@@ -112,13 +114,22 @@ def profile_server_defaults(args) -> dict:
 def run_validate(config: SimulateConfig, cost, deployment: Deployment, server: SimServerConfig,
                  profile: str | None = None) -> int:
     validation = validate(config.validate, cost, deployment, server, seed=config.seed)
-    print(f"{config.validate} replayed on paper ({cost.description}); error = predicted / measured - 1")
-    print(report(validation))
+    lines = [f"{config.validate} replayed on paper ({cost.description}); error = predicted / measured - 1",
+             report(validation)]
     if drift := run_drift(config.validate, profile, cost):
-        print(drift.describe())
+        lines.append(drift.describe())
+    print("\n".join(lines))
     if config.output:
-        write_predicted(config.output, validation, read_run_info(config.validate))
-        print(f"predicted run in {config.output} (render: specwise report {config.output})")
+        out = Path(config.output)
+        write_predicted(out, validation, read_run_info(config.validate))
+        (out / "validation.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (out / "validation.json").write_text(json.dumps(validation.to_json(), indent=1) + "\n", encoding="utf-8")
+        plotted = ""
+        if validation.points:
+            (out / "validation.png").write_bytes(validation_png(validation))
+            plotted = f", plotted in {out / 'validation.png'}"
+        print(f"predicted run in {out} (render: specwise report {out}); the comparison in {out / 'validation.txt'} "
+              f"and {out / 'validation.json'}{plotted}")
     return 0
 
 

@@ -73,8 +73,28 @@ class Validation:
     skipped: dict[str, str] = field(default_factory=dict)       # arm -> why it was not replayed
     predicted_records: list[RequestRecord] = field(default_factory=list)
 
-    def errors(self, key: str) -> list[float]:
-        return [abs(e) for e in (p.error(key) for p in self.points) if e is not None]
+    def error_summary(self, key: str, load_kind: str | None = None) -> tuple[float, float, int] | None:
+        """(median, worst, count) of the absolute errors over the points (of one load kind); None: no point."""
+        errors = [abs(e) for p in self.points if load_kind in (None, p.load_kind) if (e := p.error(key)) is not None]
+        return (statistics.median(errors), max(errors), len(errors)) if errors else None
+
+    def verdict_counts(self) -> tuple[int, int, int]:
+        """(agree, decided, can't tell): the points where the measurement decided a verdict, how many of them the
+        prediction agrees with, and the points where the measurement can't tell."""
+        decided = [p for p in self.points if p.verdicts[0] not in (None, UNSURE)]
+        return (sum(1 for p in decided if p.verdicts[0] == p.verdicts[1]), len(decided),
+                sum(1 for p in self.points if p.verdicts[0] == UNSURE))
+
+    def to_json(self) -> dict:
+        """validation.json (`--output`): every point's figures and errors, then the summary lines' figures."""
+        points = [{"arm": p.arm, "load_kind": p.load_kind, "load_value": p.load_value, "measured": p.measured,
+                   "predicted": p.predicted, "error": {key: p.error(key) for _, key in METRICS},
+                   "verdict": dict(zip(("measured", "predicted"), p.verdicts))} for p in self.points]
+        summary = {key: dict(zip(("median_abs_error", "worst_abs_error", "points"), figures))
+                   for _, key in METRICS if (figures := self.error_summary(key))}
+        agree, decided, unsure = self.verdict_counts()
+        return {"points": points, "errors": summary,
+                "verdicts": {"agree": agree, "decided": decided, "cant_tell": unsure}, "not_replayed": self.skipped}
 
 
 def server_from_run(run: dict, flags: SimServerConfig, deployment: Deployment) -> tuple[SimServerConfig, int, int]:
@@ -265,14 +285,12 @@ def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
         verdict = "" if p.verdicts[0] is None else f"{p.verdicts[0]} / {p.verdicts[1]}"
         lines.append(f"{p.arm:<22} {_load(p.load_kind, p.load_value):>8}{cells}  {verdict:>24}")
     for name, key in METRICS:
-        errors = validation.errors(key)
-        if errors:
-            lines.append(f"{name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
-                         f"over {len(errors)} points")
-    decided = [p for p in validation.points if p.verdicts[0] not in (None, UNSURE)]
-    agree = sum(1 for p in decided if p.verdicts[0] == p.verdicts[1])
-    lines.append(f"verdicts: {agree} of {len(decided)} agree where {decided_by} decided one "
-                 f"({sum(1 for p in validation.points if p.verdicts[0] == UNSURE)} points where it can't tell)")
+        if figures := validation.error_summary(key):
+            median, worst, count = figures
+            lines.append(f"{name}: median |error| {median:.1%}, worst {worst:.1%} over {count} points")
+    agree, decided, unsure = validation.verdict_counts()
+    lines.append(f"verdicts: {agree} of {decided} agree where {decided_by} decided one "
+                 f"({unsure} points where it can't tell)")
     for arm, why in validation.skipped.items():
         lines.append(f"not replayed: {arm} ({why})")
     return "\n".join(lines)

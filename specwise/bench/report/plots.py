@@ -9,6 +9,7 @@ from matplotlib.ticker import ScalarFormatter
 from specwise.bench.report.recommend import Recommendation
 from specwise.bench.report.summary import ALL, Summary, metric_value
 
+ONE_ROW = dict(left=0.08, right=0.98, bottom=0.14, top=0.95, wspace=0.25)
 X_LABELS = {"concurrency": "concurrency (requests in flight)", "rate": "request rate (req/s)",
             "trace": "trace replay speed"}
 
@@ -19,8 +20,8 @@ def latency_plot(summary: Summary, kind: str, metric: str) -> bytes:
         axes = figure.add_subplot(1, 2, index + 1)
         for arm, xs, ys in _series(summary, kind, lambda m, k=key: metric_value(m, k)):
             axes.plot(xs, [y * 1000 for y in ys], marker="o", label=arm)
-        _style(axes, kind, f"{key} (ms)", summary.load_values(kind))
-    return _png(figure)
+        style_axes(axes, kind, f"{key} (ms)", summary.load_values(kind))
+    return png(figure)
 
 
 def throughput_plot(summary: Summary, kind: str) -> bytes:
@@ -29,8 +30,8 @@ def throughput_plot(summary: Summary, kind: str) -> bytes:
         axes = figure.add_subplot(1, 2, index + 1)
         for arm, xs, ys in _series(summary, kind, lambda m, k=key: metric_value(m, k)):
             axes.plot(xs, ys, marker="o", label=arm)
-        _style(axes, kind, "output tokens/s" if index == 0 else "requests/s", summary.load_values(kind))
-    return _png(figure)
+        style_axes(axes, kind, "output tokens/s" if index == 0 else "requests/s", summary.load_values(kind))
+    return png(figure)
 
 
 def speedup_plot(summary: Summary, recommendation: Recommendation, kind: str) -> bytes:
@@ -50,9 +51,9 @@ def speedup_plot(summary: Summary, recommendation: Recommendation, kind: str) ->
     axes.axhline(1.0, color="black", linewidth=1, label="break-even")
     axes.axhline(1.0 + recommendation.margin, color="green", linestyle="--", linewidth=1,
                  label=f"pays (+{recommendation.margin:.0%})")
-    _style(axes, kind, f"speedup in {recommendation.metric} vs {summary.baseline} (error bars: interval)",
+    style_axes(axes, kind, f"speedup in {recommendation.metric} vs {summary.baseline} (error bars: interval)",
            summary.load_values(kind))
-    return _png(figure)
+    return png(figure)
 
 
 def acceptance_plot(summary: Summary) -> bytes | None:
@@ -77,7 +78,7 @@ def acceptance_plot(summary: Summary) -> bytes | None:
     axes.set_ylim(0, 1)
     axes.legend(fontsize="small")
     axes.grid(True, axis="y", alpha=0.3)
-    return _png(figure)
+    return png(figure)
 
 
 def _pooled_rate(rows) -> float | None:
@@ -98,7 +99,7 @@ def _series(summary: Summary, kind: str, value):
             yield arm["name"], [x for x, _ in points], [y for _, y in points]
 
 
-def _style(axes, kind: str, ylabel: str, loads=()) -> None:
+def style_axes(axes, kind: str, ylabel: str, loads=(), legend: bool = True) -> None:
     if kind == "concurrency":
         axes.set_xscale("log", base=2)
         axes.xaxis.set_major_formatter(ScalarFormatter())
@@ -107,12 +108,14 @@ def _style(axes, kind: str, ylabel: str, loads=()) -> None:
     axes.set_xlabel(X_LABELS.get(kind, kind))
     axes.set_ylabel(ylabel)
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize="small")
+    if legend:
+        axes.legend(fontsize="small")
 
 
-def _png(figure: Figure) -> bytes:
+def png(figure: Figure, margins: dict | None = None) -> bytes:
+    """The figure as PNG bytes, laid out by margins (Figure.subplots_adjust's; default: one row of panels)."""
     FigureCanvasAgg(figure)
-    figure.subplots_adjust(left=0.08, right=0.98, bottom=0.14, top=0.95, wspace=0.25)   # one draw, not two
+    figure.subplots_adjust(**(margins or ONE_ROW))          # set once, not fitted (tight_layout draws twice)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
     return buffer.getvalue()
