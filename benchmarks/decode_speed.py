@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_reference import load_hf  # noqa: E402
 from specwise.engine.llm import LLM  # noqa: E402
-from specwise.models.default_model import default_model_path  # noqa: E402
+from specwise.models.checkpoints.default_model import default_model_path  # noqa: E402
 from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear  # noqa: E402
 from specwise.sampling_params import SamplingParams  # noqa: E402
 
@@ -69,7 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="buffer size of the bandwidth probe (MiB)")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers")
-    parser.add_argument("--compile", action="store_true", help="ours with --compile (inductor, models/compiled.py)")
+    parser.add_argument("--compile", action="store_true", help="ours with --compile (inductor, models/compile/graphs.py)")
     parser.add_argument("--quick", action="store_true", help="smoke run: batches 1,4 and one dtype")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)

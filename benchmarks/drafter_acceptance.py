@@ -22,9 +22,9 @@ import torch
 from specwise.bench.inputs.suite import load_suite, parse_categories
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
-from specwise.models.drafter_checkpoint import load_drafter, read_drafter_config, target_signature
-from specwise.models.loader import build_model, load_checkpoint
 from specwise.models.capabilities import compute_dtype
+from specwise.models.checkpoints.drafter import load_drafter, read_drafter_config, target_signature
+from specwise.models.checkpoints.loader import build_model, load_checkpoint
 from specwise.train.acceptance import held_out_acceptance
 from specwise.train.data import build_corpus, data_key
 from specwise.train.eagle import EagleObjective

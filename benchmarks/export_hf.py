@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
+from specwise.models.checkpoints.loader import load_checkpoint
 from specwise.models.export.hf_writer import write_hf_dir
-from specwise.models.loader import load_checkpoint
 
 
 def export(out: Path, model: str | None, dtype: torch.dtype) -> None:

@@ -60,7 +60,7 @@ def parse_args(argv=None):
 def child(args) -> None:
     """One engine, the caches at the capacity the parent set: per pass, each token count's step seconds."""
     from specwise.engine.llm import LLM
-    from specwise.models.default_model import default_model_path
+    from specwise.models.checkpoints.default_model import default_model_path
     from specwise.sampling_params import SamplingParams
 
     llm = LLM(model=str(default_model_path()), dtype=args.dtype, compile=False)

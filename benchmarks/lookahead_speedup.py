@@ -42,8 +42,8 @@ from specwise.engine.llm_engine import LLMEngine  # noqa: E402
 from specwise.engine.spec_decode.draft_tree import DraftTree  # noqa: E402
 from specwise.engine.spec_decode.lookahead import window_rows  # noqa: E402
 from specwise.engine.spec_decode.metrics import SpecStats  # noqa: E402
-from specwise.models.loader import load_checkpoint  # noqa: E402
 from specwise.models.capabilities import compute_dtype  # noqa: E402
+from specwise.models.checkpoints.loader import load_checkpoint  # noqa: E402
 from specwise.sampling_params import SamplingParams  # noqa: E402
 
 DEFAULT_CATEGORIES = "chat,math,translation,code_editing,summarization,extraction"

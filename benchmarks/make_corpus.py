@@ -215,7 +215,7 @@ def main() -> None:
     print(f"wrote {out}: {len(rows)} chunks, {chars} characters from {len(documents)} documents under "
           f"{', '.join(map(str, roots))} (dropped: {dropped})")
     if args.count_tokens:
-        from specwise.models.loader import load_checkpoint
+        from specwise.models.checkpoints.loader import load_checkpoint
         tokenizer = load_checkpoint(None).tokenizer
         tokens = sum(len(tokenizer.encode(row["text"])) for row in rows)
         print(f"{tokens} tokens of the default model's tokenizer ({chars / tokens:.2f} characters a token)")

@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_reference import load_hf  # noqa: E402
 from specwise.engine.llm import LLM  # noqa: E402
-from specwise.models.default_model import default_model_path  # noqa: E402
-from specwise.sampling_params import SamplingParams  # noqa: E402
 from specwise.engine.spec_decode.metrics import SpecStats  # noqa: E402
+from specwise.models.checkpoints.default_model import default_model_path  # noqa: E402
+from specwise.sampling_params import SamplingParams  # noqa: E402
 
 console = Console()
 if not console.is_terminal:          # piped or redirected: do not squeeze the tables into 80 columns

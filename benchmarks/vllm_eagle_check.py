@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from specwise.bench.inputs.suite import CATEGORIES, load_suite  # noqa: E402
 from specwise.engine.llm import LLM  # noqa: E402
 from specwise.engine.spec_decode.metrics import SpecStats  # noqa: E402
-from specwise.models.builtin_heads import find_builtin_head  # noqa: E402
+from specwise.models.checkpoints.loader import load_checkpoint  # noqa: E402
 from specwise.models.export.drafter_export import export_drafter  # noqa: E402
 from specwise.models.export.export_formats import VLLM_METHODS  # noqa: E402
-from specwise.models.loader import load_checkpoint  # noqa: E402
+from specwise.models.heads.builtin import find_builtin_head  # noqa: E402
 from specwise.monitor.exposition import parse_snapshot  # noqa: E402
 from specwise.sampling_params import SamplingParams  # noqa: E402
 from vllm_process import VllmServer  # noqa: E402

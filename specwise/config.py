@@ -40,7 +40,7 @@ class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "torch device"})
     # None (evaluate's default): the compiled graphs when the compile cache already holds them, else eager
     compile: bool | None = field(default=False, metadata={
-        "help": "compile the model's forward with inductor (models/compiled.py): faster steps, minutes more "
+        "help": "compile the model's forward with inductor (models/compile/graphs.py): faster steps, minutes more "
                 "at start-up the first time on a machine (the graphs are cached)"})
     speculative: str | None = field(
         default=None, metadata={"help": "drafter: ngram, draft:PATH, layer_skip:L, suffix, lookahead[:W,N,G], "

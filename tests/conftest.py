@@ -19,7 +19,7 @@ TINY_ENGINE = dict(dtype="float32", num_kv_blocks=512, block_size=4, max_model_l
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """Compiled graphs (models/compile_cache.py) go to a directory of this session, never the user's cache; a
+    """Compiled graphs (models/compile/cache.py) go to a directory of this session, never the user's cache; a
     server a test starts inherits it. Tests that count compilations point it at their own directory."""
     previous = os.environ.get("SPECWISE_COMPILE_CACHE")
     os.environ["SPECWISE_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compiled"))

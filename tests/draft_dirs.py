@@ -12,7 +12,7 @@ from pathlib import Path
 
 import safetensors.torch
 
-from specwise.models.loader import Checkpoint
+from specwise.models.checkpoints.loader import Checkpoint
 
 
 def hf_config(checkpoint: Checkpoint, num_layers: int) -> dict:

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 
 from specwise.engine.model_runner import ModelRunner
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
-from specwise.models.drafter_checkpoint import DrafterConfig, build_head, save_drafter, target_signature
-from specwise.models.eagle import EagleHead
-from specwise.models.eagle3 import Eagle3Head, default_aux_layers
+from specwise.models.checkpoints.drafter import DrafterConfig, build_head, save_drafter, target_signature
+from specwise.models.heads.eagle import EagleHead
+from specwise.models.heads.eagle3 import Eagle3Head, default_aux_layers
+from specwise.models.heads.medusa import MedusaHeads
 from specwise.models.llama import LlamaForCausalLM
-from specwise.models.medusa import MedusaHeads
 
 BLOCK_SIZE = 16
 
@@ -60,7 +60,7 @@ def aux_of(model: LlamaForCausalLM, tokens: list[int], layers: list[int]) -> tor
 
 
 def eagle3_loss(head: Eagle3Head, model: LlamaForCausalLM, tokens: list[int], aux: torch.Tensor) -> torch.Tensor:
-    """Pair t = (fc(a_t), x_{t+1}) drafts x_{t+2} (models/eagle3.py), teacher-forced."""
+    """Pair t = (fc(a_t), x_{t+1}) drafts x_{t+2} (models/heads/eagle3.py), teacher-forced."""
     length = len(tokens) - 1
     config = model.config
     cache = torch.zeros(1, 2, config.num_key_value_heads, length, config.head_dim)
@@ -72,7 +72,7 @@ def eagle3_loss(head: Eagle3Head, model: LlamaForCausalLM, tokens: list[int], au
 
 
 def eagle_loss(head: EagleHead, model: LlamaForCausalLM, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
-    """Pair t = (f_t, x_{t+1}) predicts f_{t+1} and, through the LM head, x_{t+2} (models/eagle.py)."""
+    """Pair t = (f_t, x_{t+1}) predicts f_{t+1} and, through the LM head, x_{t+2} (models/heads/eagle.py)."""
     length = len(tokens) - 1                                          # pairs 0 .. len - 2
     config = model.config
     cache = torch.zeros(1, 2, config.num_key_value_heads, length, config.head_dim)   # one layer's keys, values
@@ -86,7 +86,7 @@ def eagle_loss(head: EagleHead, model: LlamaForCausalLM, tokens: list[int], feat
 
 
 def medusa_loss(heads: MedusaHeads, model: LlamaForCausalLM, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
-    """Head i on f_t predicts x_{t+2+i} (models/medusa.py)."""
+    """Head i on f_t predicts x_{t+2+i} (models/heads/medusa.py)."""
     ids = torch.tensor(tokens)
     predicted = heads(features)                                       # [len, num_heads, hidden]
     losses = []

@@ -28,7 +28,7 @@ from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_ch
 from specwise.config import EngineConfig
 from specwise.engine.background_compile import BackgroundCompile
 from specwise.engine.llm_engine import LLMEngine
-from specwise.models import compile_cache
+from specwise.models.compile import cache as compile_cache
 from specwise.server.config import ServerConfig
 
 ENGINE = dict(dtype="float32", max_model_len=64, num_kv_blocks=48, max_num_seqs=4)

@@ -1,4 +1,4 @@
-"""`--compile`: the model's forward compiled by inductor (models/compiled.py) runs every kind of step.
+"""`--compile`: the model's forward compiled by inductor (models/compile/graphs.py) runs every kind of step.
 
 On a tiny random fp32 target:
   - a step mixing a first prompt chunk, a later chunk, decodes and verification rows gives the eager
@@ -11,7 +11,7 @@ On a tiny random fp32 target:
     lookahead's draft trees) is token for token the compiled engine's output without it, in a continuous
     batch (serve compiles by default); layer_skip's graphs are compiled when it is set up, not by its
     first requests.
-  - the graphs are kept on disk (models/compile_cache.py): a second engine with the same settings loads
+  - the graphs are kept on disk (models/compile/cache.py): a second engine with the same settings loads
     every one and compiles none, a corrupt package is compiled again with a note, and greedy outputs are
     the same either way; an entry made for other settings is emptied with a note; each setting the
     graphs depend on changes the entry; an engine with compile unset (None) takes the cached graphs, and runs
@@ -27,9 +27,10 @@ import torch
 
 from capability_marks import cpu_kernels, needs_cxx
 from specwise.engine.llm import LLM
-from specwise.models import capabilities, compile_cache, compiled as compiled_module
-from specwise.models.compile_cache import CompileCache, entry_key
-from specwise.models.loader import build_model
+from specwise.models import capabilities
+from specwise.models.checkpoints.loader import build_model
+from specwise.models.compile import cache as compile_cache, graphs as compiled_module
+from specwise.models.compile.cache import CompileCache, entry_key
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 

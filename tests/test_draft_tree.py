@@ -16,7 +16,7 @@ from specwise.engine.model_runner import ModelRunner
 from specwise.engine.sequence import Sequence
 from specwise.engine.spec_decode.draft_tree import DraftTree
 from specwise.engine.spec_decode.proposer import Proposal
-from specwise.models.loader import build_model
+from specwise.models.checkpoints.loader import build_model
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from specwise.errors import ModelLoadError
-from specwise.models.drafter_checkpoint import (CONFIG_FILE, WEIGHTS_FILE, DrafterConfig, build_head,
+from specwise.models.checkpoints.drafter import (CONFIG_FILE, WEIGHTS_FILE, DrafterConfig, build_head,
                                                 load_drafter, save_drafter, target_signature)
-from specwise.models.eagle import EagleHead
-from specwise.models.medusa import MedusaHeads
+from specwise.models.heads.eagle import EagleHead
+from specwise.models.heads.medusa import MedusaHeads
 from tiny_models import byte_tokenizer, tiny_checkpoint
 
 

@@ -10,13 +10,13 @@ from safetensors.torch import load_file, save_file
 from specwise.cli import main
 from specwise.errors import ConfigError, ModelLoadError
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
-from specwise.models.drafter_checkpoint import DrafterConfig, build_head, save_drafter, target_signature
-from specwise.models.eagle3 import default_aux_layers
+from specwise.models.checkpoints.drafter import DrafterConfig, build_head, save_drafter, target_signature
+from specwise.models.checkpoints.loader import build_model
 from specwise.models.export.drafter_export import export_drafter
 from specwise.models.export.vllm_eagle import exported_eagle_forward, read_eagle
 from specwise.models.export.vllm_eagle3 import exported_eagle3_forward, read_eagle3
 from specwise.models.export.vllm_medusa import exported_medusa_logits, read_medusa
-from specwise.models.loader import build_model
+from specwise.models.heads.eagle3 import default_aux_layers
 from draft_dirs import write_first_layers_draft
 from tiny_models import tiny_checkpoint
 
@@ -105,7 +105,7 @@ def test_draft_model_is_copied_as_an_hf_directory(tmp_path):
 def test_the_command_writes_and_says_how_to_serve(tmp_path, capsys, monkeypatch):
     target = tiny_checkpoint()
     directory, _ = saved_head(tmp_path / "eagle", target, "eagle", draft_vocab=DRAFT_VOCAB)
-    monkeypatch.setattr("specwise.models.loader.load_checkpoint", lambda path: target)
+    monkeypatch.setattr("specwise.models.checkpoints.loader.load_checkpoint", lambda path: target)
     assert main(["export-drafter", str(directory), "--format", "vllm", "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     assert "converted: draft vocabulary of 9 tokens" in printed

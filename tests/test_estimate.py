@@ -16,8 +16,8 @@ from specwise.cli import main
 from specwise.engine.llm import LLM
 from specwise.engine.spec_decode.metrics import SpecStats
 from specwise.errors import InputError
+from specwise.models.checkpoints.loader import load_checkpoint
 from specwise.models.config import ModelConfig
-from specwise.models.loader import load_checkpoint
 from specwise.monitor.estimate import estimate_acceptance, expected_speedup
 from specwise.monitor.logs import parse_line, read_log
 from specwise.monitor.replay import NgramDrafter, replay
@@ -89,7 +89,7 @@ def test_ngram_estimate_from_the_command_line(tmp_path, capsys):
 def test_layer_skip_teacher_forced_estimate_matches_the_engine(tmp_path):
     checkpoint = tiny_checkpoint(num_layers=3)
     measured, engine_total = generate_log(tmp_path / "log.jsonl", "layer_skip:1", 3, checkpoint)
-    from specwise.models.loader import build_model
+    from specwise.models.checkpoints.loader import build_model
     import torch
     model = build_model(checkpoint, torch.float32, "cpu", 512)
     drafter = TeacherForcedDrafter(model, torch.float32, "cpu", num_layers=1)
@@ -104,7 +104,7 @@ def test_layer_skip_teacher_forced_estimate_matches_the_engine(tmp_path):
 def test_teacher_forced_drafter_chains_greedy_predictions():
     """A drafter that is the target itself predicts the target's own greedy output: all accepted."""
     import torch
-    from specwise.models.loader import build_model
+    from specwise.models.checkpoints.loader import build_model
     checkpoint = tiny_checkpoint()
     llm = LLM(checkpoint=checkpoint, **ENGINE)
     output = llm.generate("abcabc hello", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]

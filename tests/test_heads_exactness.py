@@ -31,14 +31,14 @@ from specwise.cli import main
 from specwise.config import MAX_SPECULATIVE_TOKENS, EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.sequence import Sequence
+from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.draft_sampler import DraftSampler
 from specwise.engine.spec_decode.heads import OUTSIDE_MARGIN, DraftLMHead
 from specwise.errors import ConfigError, ModelLoadError
-from specwise.models.builtin_heads import HEADS_PATH_VARIABLE, find_builtin_head
-from specwise.models.loader import build_model, load_checkpoint
+from specwise.models.checkpoints.loader import build_model, load_checkpoint
+from specwise.models.heads.builtin import HEADS_PATH_VARIABLE, find_builtin_head
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 from capability_marks import cpu_kernels

@@ -17,11 +17,11 @@ from specwise.bench.launch.pool import LaunchSettings
 from specwise.bench.load.arms import parse_engine_methods
 from specwise.bench.results import read_records
 from specwise.errors import ConfigError
-from specwise.models.builtin_heads import PACKAGE_HEADS
+from specwise.models.checkpoints.loader import build_model
 from specwise.models.export.vllm_eagle import read_eagle
 from specwise.models.export.vllm_eagle3 import read_eagle3
 from specwise.models.export.vllm_medusa import read_medusa
-from specwise.models.loader import build_model
+from specwise.models.heads.builtin import PACKAGE_HEADS
 from draft_dirs import write_first_layers_draft
 from head_training import fitted_head_dir, greedy_texts
 from tiny_models import tiny_checkpoint

@@ -5,9 +5,9 @@ import torch
 from safetensors.torch import save_file
 
 from specwise.errors import ModelLoadError
-from specwise.models import loader
+from specwise.models.checkpoints import loader
+from specwise.models.checkpoints.loader import load_checkpoint
 from specwise.models.config import ModelConfig
-from specwise.models.loader import load_checkpoint
 from capability_marks import cpu_kernels
 from tiny_checkpoints import (make_tiny_hf_config, random_state_dict, real_model_path,  # noqa: F401 (fixture)
                               write_gguf_checkpoint, write_hf_checkpoint)

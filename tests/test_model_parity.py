@@ -14,9 +14,9 @@ import torch
 
 from specwise.engine.llm import LLM
 from specwise.engine.model_runner import ModelRunner
+from specwise.models.checkpoints.loader import Checkpoint
 from specwise.models.config import ModelConfig
 from specwise.models.llama import LlamaForCausalLM
-from specwise.models.loader import Checkpoint
 from specwise.models.rope import inverse_frequencies
 from specwise.sampling_params import SamplingParams
 from tiny_models import byte_tokenizer, hf_config, random_weights
@@ -157,7 +157,7 @@ def default_llm():
 @pytest.fixture(scope="module")
 def hf_default():
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF file")
-    from specwise.models.default_model import default_model_path
+    from specwise.models.checkpoints.default_model import default_model_path
     path = default_model_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                               dtype=torch.float32)

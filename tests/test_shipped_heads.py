@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import specwise
-from specwise.models.drafter_checkpoint import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, load_drafter, read_drafter_config
-from specwise.models.loader import load_checkpoint
+from specwise.models.checkpoints.drafter import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, load_drafter, read_drafter_config
+from specwise.models.checkpoints.loader import load_checkpoint
 from capability_marks import cpu_kernels
 from tiny_checkpoints import real_model_path  # noqa: F401 (fixture)
 

@@ -35,10 +35,10 @@ import pytest
 from specwise.config import EngineConfig
 from specwise.engine.llm import LLM
 from specwise.engine.llm_engine import LLMEngine
-from specwise.models.config import ModelConfig
-from specwise.models.loader import load_checkpoint
-from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.metrics import SpecStats
+from specwise.models.checkpoints.loader import load_checkpoint
+from specwise.models.config import ModelConfig
+from specwise.sampling_params import SamplingParams
 from tiny_checkpoints import make_tiny_hf_config, write_hf_checkpoint
 from tiny_models import random_weights
 

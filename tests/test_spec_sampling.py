@@ -43,13 +43,13 @@ import torch
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.engine.model_runner import ModelRunner
-from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs
-from specwise.models.config import ModelConfig
-from specwise.models.loader import build_model, load_checkpoint
-from specwise.sampling_params import SamplingParams
 from specwise.engine.sampling import rejection
+from specwise.engine.sampling.sampler import SamplingTensors, logits_to_probs
 from specwise.engine.spec_decode.metrics import SpecStats
 from specwise.engine.spec_decode.ngram import NgramProposer
+from specwise.models.checkpoints.loader import build_model, load_checkpoint
+from specwise.models.config import ModelConfig
+from specwise.sampling_params import SamplingParams
 from head_training import fitted_head_dir, greedy_texts
 from tiny_checkpoints import make_tiny_hf_config, write_hf_checkpoint
 from tiny_models import random_weights

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from specwise.errors import ConfigError, InputError, ModelLoadError
-from specwise.models.gguf_loader import open_gguf, read_metadata
+from specwise.models.checkpoints.gguf import open_gguf, read_metadata
 from specwise.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from tiny_checkpoints import (CHATML_TEMPLATE, make_tiny_hf_config, random_state_dict,  # noqa: F401 (fixture)
                               real_model_path, tiny_gguf_tokenizer_metadata, write_hf_checkpoint)

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from specwise.cli import main
-from specwise.engine.llm_engine import LLMEngine
 from specwise.config import EngineConfig
+from specwise.engine.llm_engine import LLMEngine
 from specwise.errors import ConfigError, InputError
 from specwise.models.attention import AttentionMetadata, CachedGroup, PrefillChunk, step_metadata
-from specwise.models.drafter_checkpoint import load_drafter
-from specwise.models.eagle import EagleHead
+from specwise.models.checkpoints.drafter import load_drafter
+from specwise.models.heads.eagle import EagleHead
+from specwise.models.heads.eagle3 import default_aux_layers
 from specwise.sampling_params import SamplingParams
 from specwise.train.acceptance import held_out_acceptance
 from specwise.train.batch import make_batch
@@ -24,7 +25,6 @@ from specwise.train.data import Corpus, record_features
 from specwise.train.draft import DraftObjective, spread_layers
 from specwise.train.eagle import EagleObjective, active_vocabulary
 from specwise.train.eagle3 import Eagle3Objective
-from specwise.models.eagle3 import default_aux_layers
 from specwise.train.loop import CHECKPOINT_FILE, Schedule, train
 from specwise.train.prompts import CATEGORIES, DATA_DIR, load_prompts, split_held_out
 from specwise.train.run import WORK_DIR, build_objective, prepare, run

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from specwise.models.builtin_heads import find_builtin_head
+from specwise.models.checkpoints.loader import load_checkpoint
 from specwise.models.export.drafter_export import export_drafter
 from specwise.models.export.hf_writer import write_hf_dir
-from specwise.models.loader import load_checkpoint
+from specwise.models.heads.builtin import find_builtin_head
 from specwise.monitor.exposition import parse_snapshot
 from vllm_process import VLLM_PYTHON, VllmServer
 

@@ -19,9 +19,9 @@ import tokenizers
 import torch
 from tokenizers import decoders, pre_tokenizers, trainers
 
+from specwise.models.checkpoints.default_model import default_model_path
+from specwise.models.checkpoints.hf import hf_weight_shapes
 from specwise.models.config import ModelConfig
-from specwise.models.default_model import default_model_path
-from specwise.models.hf_loader import hf_weight_shapes
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]   # ids 0, 1, 2 as in SmolLM2
 BOS_TOKEN, EOS_TOKEN = "<|im_start|>", "<|im_end|>"

@@ -6,8 +6,8 @@ import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
+from specwise.models.checkpoints.loader import Checkpoint
 from specwise.models.config import ModelConfig
-from specwise.models.loader import Checkpoint
 from specwise.models.tokenizer import Tokenizer
 
 SPECIAL_TOKENS = ["<s>", "</s>"]   # ids 256 and 257 after the 256 byte tokens

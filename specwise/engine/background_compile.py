@@ -32,7 +32,7 @@ import time
 from typing import Callable
 
 from specwise.engine.async_engine import AsyncEngine
-from specwise.models.compiled import CompiledForward, scratch_cache
+from specwise.models.compile.graphs import CompiledForward, scratch_cache
 
 WORKER = [sys.executable, "-m", "specwise.engine.compile_worker"]
 STOP_GRACE_S = 5.0          # from SIGTERM to SIGKILL when stopping the worker

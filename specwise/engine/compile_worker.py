@@ -28,7 +28,7 @@ import torch._inductor.config as inductor_config
 
 from specwise.config import EngineConfig
 from specwise.engine.target_model import build_target
-from specwise.models.compiled import DYNAMIC_WARM_UP, CompiledForward, GraphSet
+from specwise.models.compile.graphs import DYNAMIC_WARM_UP, CompiledForward, GraphSet
 
 NICENESS = 10
 FAILED = "specwise: compile worker: "      # the prefix of the line that says why it failed

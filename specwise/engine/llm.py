@@ -3,7 +3,7 @@
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine, Prompt
 from specwise.engine.outputs import RequestOutput
-from specwise.models.loader import Checkpoint
+from specwise.models.checkpoints.loader import Checkpoint
 from specwise.sampling_params import SamplingParams
 
 

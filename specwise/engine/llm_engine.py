@@ -26,19 +26,19 @@ from specwise.engine.sampling.grammar import GrammarCompiler
 from specwise.engine.sampling.logits_processors import LogitsProcessing
 from specwise.engine.scheduler import ScheduledBatch, Scheduler, draft_room
 from specwise.engine.sequence import Sequence
-from specwise.engine.step_log import StepLog
-from specwise.errors import InputError
-from specwise.engine.target_model import build_target
-from specwise.models.capabilities import cpu_capabilities, describe_kernels, linear_path
-from specwise.models.compiled import CompiledForward, GraphSet
-from specwise.models.loader import Checkpoint
-from specwise.models.quantize import pack_weights
-from specwise.sampling_params import SamplingParams
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.factory import build_policy, build_proposer
 from specwise.engine.spec_decode.grammar_drafts import fit_to_grammars
 from specwise.engine.spec_decode.metrics import SpecStats
+from specwise.engine.step_log import StepLog
+from specwise.engine.target_model import build_target
+from specwise.errors import InputError
+from specwise.models.capabilities import cpu_capabilities, describe_kernels, linear_path
+from specwise.models.checkpoints.loader import Checkpoint
+from specwise.models.compile.graphs import CompiledForward, GraphSet
+from specwise.models.quantize import pack_weights
+from specwise.sampling_params import SamplingParams
 
 Prompt = str | list[int] | list[dict]
 

@@ -30,7 +30,7 @@ from specwise.engine.spec_decode.draft_tree import DraftTree
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.engine.step_features import StepFeatures
 from specwise.models.attention import GROUP_SIZE, AttentionMetadata, CachedGroup, PrefillChunk, step_metadata
-from specwise.models.compiled import CompiledForward, GraphSet, scratch_cache
+from specwise.models.compile.graphs import CompiledForward, GraphSet, scratch_cache
 from specwise.models.llama import LlamaForCausalLM
 
 
@@ -51,7 +51,7 @@ class ModelRunner:
         cache_shape = (config.num_hidden_layers, 2, config.num_key_value_heads, num_blocks * block_size,
                        config.head_dim)
         self.kv_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
-        # the model's forward, or its compiled graphs (models/compiled.py), compiled now, not at the first request
+        # the model's forward, or its compiled graphs (models/compile/graphs.py), compiled now, not at the first request
         self.forward_fn = CompiledForward(model, self.kv_cache, graph_set) if compiled else model
         # the forwards' depths asked for (None: all layers; a layer-skip drafter's L), compiled or not
         self.depths: list[int | None] = [None]

@@ -8,8 +8,8 @@ import torch
 
 from specwise.config import EngineConfig
 from specwise.models.capabilities import compute_dtype
+from specwise.models.checkpoints.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.llama import LlamaForCausalLM
-from specwise.models.loader import Checkpoint, build_model, load_checkpoint
 
 
 @dataclass

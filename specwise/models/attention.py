@@ -138,7 +138,7 @@ def _layer_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     num_tokens = metadata.slot_mapping.shape[0]
     if query.shape[0] == num_tokens:
         return paged_attention(query, key, value, kv_cache[layer], metadata)
-    # rows past the step's tokens pad it to a compiled graph's size (compiled.py): no slot, no attention
+    # rows past the step's tokens pad it to a compiled graph's size (compile/graphs.py): no slot, no attention
     output = query.new_zeros(query.shape[0], query.shape[1] * query.shape[2])
     output[:num_tokens] = paged_attention(query[:num_tokens], key[:num_tokens], value[:num_tokens], kv_cache[layer],
                                           metadata)

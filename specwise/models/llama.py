@@ -21,7 +21,7 @@ class Linear(nn.Linear):
     On AVX2-only CPUs MKL's skinny matmuls (a few rows of activations against a large
     weight, i.e. decoding) measured 1.3-1.7x slower than oneDNN's at batch 16-64 here.
     That kernel has no backward, so training a drafter (grad enabled) takes nn.Linear's path, and so
-    does a compiled forward: inductor picks and prepacks the kernel itself (see compiled.py).
+    does a compiled forward: inductor picks and prepacks the kernel itself (see compile/graphs.py).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

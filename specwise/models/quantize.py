@@ -110,7 +110,7 @@ def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device
                  compiled: bool = False) -> nn.Module:
     """Swap the Linear layers of a loaded model for the kernels of its weight format (CPU only;
     fp32 and other devices keep plain nn.Linear). `compiled`: bf16 layers stay plain, LM head included, for
-    inductor to pack (models/compiled.py compiles the forward and the LM head)."""
+    inductor to pack (models/compile/graphs.py compiles the forward and the LM head)."""
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     if quantization != "none" and dtype != torch.bfloat16:

@@ -100,7 +100,7 @@ class LazyTokenizer:
 
 
 def load_tokenizer(target: str | None):
-    from specwise.models.loader import load_checkpoint, resolve
+    from specwise.models.checkpoints.loader import load_checkpoint, resolve
     from specwise.models.tokenizer import Tokenizer
     if target is not None and resolve(Path(target).expanduser()).is_dir():
         return Tokenizer.from_hf_dir(resolve(Path(target).expanduser()))     # no weights needed

@@ -20,7 +20,7 @@ import torch
 from specwise.engine.model_runner import ModelRunner
 from specwise.engine.spec_decode.config import SpeculativeConfig
 from specwise.engine.spec_decode.draft_model import check_same_vocabulary
-from specwise.models.loader import Checkpoint, build_model, load_checkpoint
+from specwise.models.checkpoints.loader import Checkpoint, build_model, load_checkpoint
 
 CHUNK = 512            # tokens per forward: logits of one chunk are [CHUNK, vocab] fp32
 BLOCK_SIZE = 16

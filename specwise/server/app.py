@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 
 from specwise.engine.async_engine import AsyncEngine
-from specwise.models.default_model import FILENAME as DEFAULT_MODEL_FILE
+from specwise.models.checkpoints.default_model import FILENAME as DEFAULT_MODEL_FILE
 from specwise.server.config import ServerConfig
 from specwise.server.errors import APIError, install_error_handlers
 from specwise.server.generation import Serving

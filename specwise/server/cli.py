@@ -66,7 +66,7 @@ def run_serve(args) -> int:
     from specwise.engine.async_engine import AsyncEngine
     from specwise.engine.background_compile import BackgroundCompile
     from specwise.engine.llm_engine import LLMEngine
-    from specwise.models.compile_cache import cache_root
+    from specwise.models.compile.cache import cache_root
     from specwise.server.app import api_keys, create_app
 
     config = dataclass_from_args(ServerConfig, args)

@@ -39,7 +39,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     config = dataclass_from_args(ExportConfig, args)
     from specwise.models.export.drafter_export import check_export, export_drafter   # torch: only when exporting
-    from specwise.models.loader import load_checkpoint
+    from specwise.models.checkpoints.loader import load_checkpoint
     check_export(config.drafter, config.format, config.out)       # a bad directory fails before the target loads
     export = export_drafter(config.drafter, config.format, config.out, load_checkpoint(config.target))
     for note in export.notes:

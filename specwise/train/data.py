@@ -15,7 +15,7 @@ generation settings, so a rerun or `--resume` with the same ones reuses them):
       category      [num_seqs] int64      index into meta.json's "categories" ("corpus": --corpus texts,
                                           corpus.py, after the responses)
       aux           [num_tokens, 3 * hidden] bf16 (eagle3 only): the residual streams after its three
-                    layers, side by side (models/eagle3.py); then in features-layers-L1-L2-L3.safetensors,
+                    layers, side by side (models/heads/eagle3.py); then in features-layers-L1-L2-L3.safetensors,
                     recorded from the same cached responses
 
 Features come from teacher-forced forwards of the target over prompt + response (flat prefill

@@ -1,7 +1,7 @@
-"""Training the EAGLE head (models/eagle.py): token cross entropy plus feature regression, with
+"""Training the EAGLE head (models/heads/eagle.py): token cross entropy plus feature regression, with
 an optional unrolled "training-time test" and noise on the input features.
 
-Pairing, as the engine drafts (see models/eagle.py): pair t = (f_t, embed(x_{t+1})) at position t
+Pairing, as the engine drafts (see models/heads/eagle.py): pair t = (f_t, embed(x_{t+1})) at position t
 predicts f̂_{t+1}, whose LM-head argmax drafts token t+2. Step 1 teacher-forces every pair of a
 sequence at once. Step j >= 2 (`--unroll`) feeds each chain's predicted feature back: chain t's
 pair at position t+j-1 is (f̂_{t+j-1}, embed(target's token at t+j)), the context the head has
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from specwise.models.capabilities import compute_dtype
-from specwise.models.drafter_checkpoint import DrafterConfig, save_drafter
-from specwise.models.eagle import EagleHead
+from specwise.models.checkpoints.drafter import DrafterConfig, save_drafter
+from specwise.models.heads.eagle import EagleHead
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.quantize import bf16_linear
 from specwise.train.batch import Batch

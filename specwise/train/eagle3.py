@@ -1,4 +1,4 @@
-"""Training the EAGLE-3 head (models/eagle3.py): token cross entropy only, with the unrolled
+"""Training the EAGLE-3 head (models/heads/eagle3.py): token cross entropy only, with the unrolled
 "training-time test" as for EAGLE (eagle.py) and noise on the fused residual streams.
 
 Step 1 teacher-forces every pair t = (fc(a_t), embed(x_{t+1})) of a sequence at once, a_t the target's
@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specwise.models.drafter_checkpoint import DrafterConfig, save_drafter
-from specwise.models.eagle3 import NUM_AUX_LAYERS, Eagle3Head
+from specwise.models.checkpoints.drafter import DrafterConfig, save_drafter
+from specwise.models.heads.eagle3 import NUM_AUX_LAYERS, Eagle3Head
 from specwise.models.llama import LlamaForCausalLM
 from specwise.train.batch import Batch
 from specwise.train.eagle import DraftingHead, EagleObjective, active_index

@@ -1,4 +1,4 @@
-"""Training Medusa heads (models/medusa.py): head i on feature f_t learns the target's token t+2+i.
+"""Training Medusa heads (models/heads/medusa.py): head i on feature f_t learns the target's token t+2+i.
 
 Worked example: the target emitted x_4 from f_3; head 0 on f_3 drafts x_5 (the target's greedy
 token after position 4, target_next[4]), head 1 drafts x_6 (target_next[5]), and so on. The loss
@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specwise.models.drafter_checkpoint import DrafterConfig, save_drafter
+from specwise.models.checkpoints.drafter import DrafterConfig, save_drafter
+from specwise.models.heads.medusa import MedusaHeads
 from specwise.models.llama import LlamaForCausalLM
-from specwise.models.medusa import MedusaHeads
 from specwise.train.batch import Batch
 from specwise.train.eagle import DraftingHead, active_index
 

@@ -12,11 +12,11 @@ import torch
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.models.capabilities import compute_dtype
-from specwise.models.drafter_checkpoint import target_signature
-from specwise.models.eagle3 import default_aux_layers
+from specwise.models.checkpoints.drafter import target_signature
+from specwise.models.checkpoints.loader import Checkpoint, build_model, load_checkpoint
 from specwise.models.export.drafter_export import check_format, export_drafter
 from specwise.models.export.export_formats import export_dir
-from specwise.models.loader import Checkpoint, build_model, load_checkpoint
+from specwise.models.heads.eagle3 import default_aux_layers
 from specwise.train.card import model_card
 from specwise.train.config import TrainConfig
 from specwise.train.corpus import corpus_fingerprint, read_corpus_texts

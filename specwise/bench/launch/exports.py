@@ -97,7 +97,7 @@ def run_exports(plans: list[HeadExport], model: str) -> None:
     if not pending:
         return
     from specwise.models.export.drafter_export import export_drafter      # torch: only when a head is exported
-    from specwise.models.loader import load_checkpoint
+    from specwise.models.checkpoints.loader import load_checkpoint
     target = load_checkpoint(model)
     for plan in pending:
         plan.notes = export_drafter(plan.drafter, plan.format, plan.out, target).notes

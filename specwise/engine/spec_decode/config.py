@@ -14,7 +14,7 @@
                         the same forward
     lookahead:W,N,G     those sizes, e.g. lookahead:1,3,2 (the default; W 0 turns the Jacobi window off)
     eagle               an EAGLE head over the target's features: the built-in one trained for the
-                        target (specwise/models/heads/, see specwise/models/builtin_heads.py)
+                        target (specwise/models/heads/, see specwise/models/heads/builtin.py)
     eagle:DIR           the EAGLE head in DIR (written by `specwise train-drafter --kind eagle`)
     eagle3:DIR          the EAGLE-3 head in DIR (`train-drafter --kind eagle3`: three of the target's
                         layers fused; none is built in)

@@ -12,7 +12,7 @@ from specwise.engine.spec_decode.context import ProposerContext
 from specwise.engine.spec_decode.model_drafter import ModelDrafter
 from specwise.engine.spec_decode.proposer import Proposal
 from specwise.errors import ConfigError
-from specwise.models.loader import build_model, load_checkpoint
+from specwise.models.checkpoints.loader import build_model, load_checkpoint
 
 
 class DraftModelProposer:

@@ -1,7 +1,7 @@
-"""EAGLE and EAGLE-3 drafting: one decoder layer extrapolates the target's features (models/eagle.py),
-or, for EAGLE-3, the fused residual streams of three of its layers (models/eagle3.py).
+"""EAGLE and EAGLE-3 drafting: one decoder layer extrapolates the target's features (models/heads/eagle.py),
+or, for EAGLE-3, the fused residual streams of three of its layers (models/heads/eagle3.py).
 
-Pairs, with the convention of models/eagle.py: pair t = (f_t, embed(x_{t+1})) at position t
+Pairs, with the convention of models/heads/eagle.py: pair t = (f_t, embed(x_{t+1})) at position t
 gives f̂_{t+1}, and lm_head(f̂_{t+1}) drafts token t+2. For a sequence of n tokens whose
 head K/V holds pairs 0..paired-1 computed from the target's true features:
 

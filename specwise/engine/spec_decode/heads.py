@@ -24,8 +24,8 @@ from torch import nn
 
 from specwise.engine.spec_decode.context import ProposerContext
 from specwise.errors import ConfigError
-from specwise.models.builtin_heads import find_builtin_head
-from specwise.models.drafter_checkpoint import DrafterConfig, load_drafter
+from specwise.models.checkpoints.drafter import DrafterConfig, load_drafter
+from specwise.models.heads.builtin import find_builtin_head
 from specwise.models.llama import LlamaForCausalLM, Linear
 from specwise.models.quantize import pack_weights
 

@@ -2,7 +2,7 @@
 
 For a sequence of n tokens, x_{n-1} came from the target's feature f_{n-2} (the position
 just below num_computed_tokens). Head i maps f_{n-2} to a feature for token n+i
-(models/medusa.py), so heads 0..k-1 draft the chain d_1..d_k in one pass: one small matmul
+(models/heads/medusa.py), so heads 0..k-1 draft the chain d_1..d_k in one pass: one small matmul
 per head and one LM head call for all, no attention and no K/V. Draft d_{i+1} is sampled
 from the request's processed distribution of lm_head(head_i(f_{n-2})), counting d_1..d_i as
 accepted (draft_sampler.py), so rejection sampling is exact though the heads never see the

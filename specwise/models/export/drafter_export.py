@@ -27,13 +27,13 @@ import torch
 from safetensors import safe_open
 
 from specwise.errors import ConfigError, ModelLoadError
-from specwise.models.drafter_checkpoint import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, load_drafter, read_drafter_config
+from specwise.models.checkpoints.drafter import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, load_drafter, read_drafter_config
 from specwise.models.export.export_formats import (EXPORT_FORMATS, SGLANG_COMMIT, SGLANG_REFUSALS, VLLM_METHODS,
                                                   VLLM_VERSION)
+from specwise.models.checkpoints.loader import Checkpoint
 from specwise.models.export.vllm_eagle import write_eagle
 from specwise.models.export.vllm_eagle3 import write_eagle3
 from specwise.models.export.vllm_medusa import write_medusa
-from specwise.models.loader import Checkpoint
 
 VOCABULARY_REASONS = {          # why a draft vocabulary cannot be kept, per kind
     "eagle": "vLLM's EAGLE method drafts over the target's whole LM head",

@@ -7,7 +7,7 @@ Formats read from vLLM 0.32.0's source and SGLang's (python/sglang/srt/models/, 
 from pathlib import Path, PurePath
 
 EXPORT_FORMATS = ("vllm", "sglang")
-DRAFTER_CONFIG = "drafter.json"     # marks a specwise drafter directory (drafter_checkpoint.py writes it)
+DRAFTER_CONFIG = "drafter.json"     # marks a specwise drafter directory (checkpoints/drafter.py writes it)
 VLLM_VERSION = "0.32.0"
 SGLANG_COMMIT = "034b3be"
 VLLM_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "draft": "draft_model"}   # kind -> method

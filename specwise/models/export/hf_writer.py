@@ -1,6 +1,6 @@
 """Write a model as a Hugging Face directory: config.json, model.safetensors (HF parameter names),
 tokenizer.json, tokenizer_config.json (with the chat template) and generation_config.json, the
-files hf_loader.py reads back (and vLLM and transformers load)."""
+files checkpoints/hf.py reads back (and vLLM and transformers load)."""
 
 import json
 from pathlib import Path

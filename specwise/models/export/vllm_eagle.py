@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
-from specwise.models.eagle import EagleHead
 from specwise.models.export.hf_writer import check_weight_shapes, read_checkpoint, split_fused, write_checkpoint
+from specwise.models.heads.eagle import EagleHead
 from specwise.models.rope import inverse_frequencies
 
 ARCHITECTURE = "EagleMistralForCausalLM"

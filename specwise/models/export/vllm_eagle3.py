@@ -24,10 +24,10 @@ import torch
 
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
-from specwise.models.eagle3 import Eagle3Head
 from specwise.models.export.hf_writer import check_weight_shapes, split_fused, write_checkpoint
 from specwise.models.export.vllm_eagle import (attention_rows, decoder_layer_shapes, linear, mlp_rows, read_head,
                                                rms_norm)
+from specwise.models.heads.eagle3 import Eagle3Head
 
 ARCHITECTURE = "Eagle3LlamaForCausalLM"
 MODEL_TYPE = "llama"

@@ -1,5 +1,5 @@
 """Medusa heads in vLLM's checkpoint format (`--speculative-config '{"method": "medusa", "model": DIR}'`),
-written and read back. Facts from vLLM 0.32.0's source (model_executor/models/medusa.py,
+written and read back. Facts from vLLM 0.32.0's source (model_executor/models/heads/medusa.py,
 transformers_utils/configs/medusa.py, config/speculative.py):
 
 - config.json: model_type "medusa" (how vLLM recognises the method), architectures ["MedusaModel"],
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from specwise.errors import ModelLoadError
 from specwise.models.export.hf_writer import check_weight_shapes, read_checkpoint, write_checkpoint
-from specwise.models.medusa import MedusaHeads
+from specwise.models.heads.medusa import MedusaHeads
 
 MODEL_TYPE, ARCHITECTURE = "medusa", "MedusaModel"
 

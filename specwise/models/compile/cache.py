@@ -4,7 +4,7 @@ inductor's own disk cache cannot keep them: freezing packs the bf16 linears' wei
 and its FX graph cache refuses a graph holding those tensors ("mkldnn tensors unpickleable"), so
 every start compiled in full. An AOTInductor package (`torch._inductor.aoti_compile_and_package`)
 holds a graph's compiled code and its frozen constants, oneDNN's packed weights included, in one
-file that loads in a fraction of a second (models/compiled.py builds and loads them).
+file that loads in a fraction of a second (models/compile/graphs.py builds and loads them).
 
 An entry is a directory named by a digest of everything its graphs depend on (`entry_key`): the
 model's weights (after loading and packing), the dtype, the code that defines the forward, the
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from specwise.models import attention, capabilities, llama, quantize, rope
-from specwise.models.default_model import cache_dir
+from specwise.models.checkpoints.default_model import cache_dir
 
 ENV = "SPECWISE_COMPILE_CACHE"
 KEEP_ENTRIES = 4        # the most recently used entries kept; a default-model entry is ~1.5 GB

@@ -25,10 +25,10 @@ from torch import nn
 
 from specwise.errors import ModelLoadError
 from specwise.models.config import ModelConfig
-from specwise.models.eagle import EagleHead
-from specwise.models.eagle3 import NUM_AUX_LAYERS, Eagle3Head
 from specwise.models.export.export_formats import DRAFTER_CONFIG
-from specwise.models.medusa import MedusaHeads
+from specwise.models.heads.eagle import EagleHead
+from specwise.models.heads.eagle3 import NUM_AUX_LAYERS, Eagle3Head
+from specwise.models.heads.medusa import MedusaHeads
 from specwise.models.tokenizer import Tokenizer
 
 FORMAT, VERSION = "specwise-drafter", 1
@@ -48,7 +48,7 @@ class DrafterConfig:
     # for the whole vocabulary: the engine then runs the LM head over these rows only, a fraction of
     # its cost, and never drafts another token (lossless: the verifier samples those itself)
     draft_vocab: list[int] | None = None
-    # eagle3: the target's layer ids whose residual streams it fuses (models/eagle3.py), low to high
+    # eagle3: the target's layer ids whose residual streams it fuses (models/heads/eagle3.py), low to high
     aux_layers: list[int] | None = None
 
     def __post_init__(self):

@@ -2,7 +2,7 @@
 
 `--speculative eagle` (no directory) drafts with a head from a folder under
 specwise/models/heads/ (package data, e.g. heads/smollm2-135m-instruct/eagle/: drafter.json +
-model.safetensors + README.md, as drafter_checkpoint.py writes them) whose kind is eagle and
+model.safetensors + README.md, as checkpoints/drafter.py writes them) whose kind is eagle and
 whose drafter.json "target" signature (shapes and tokenizer fingerprint) is the loaded
 target's. Directories named in $SPECWISE_HEADS_PATH (separated like PATH, each holding such
 folders at any depth) are searched first, so a site can add heads for its own models without
@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 
 from specwise.errors import ModelLoadError
+from specwise.models.checkpoints.drafter import CONFIG_FILE, read_drafter_config, target_signature
 from specwise.models.config import ModelConfig
-from specwise.models.drafter_checkpoint import CONFIG_FILE, read_drafter_config, target_signature
 from specwise.models.tokenizer import Tokenizer
 
-PACKAGE_HEADS = Path(__file__).parent / "heads"
+PACKAGE_HEADS = Path(__file__).parent
 HEADS_PATH_VARIABLE = "SPECWISE_HEADS_PATH"
 
 

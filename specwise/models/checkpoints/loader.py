@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from specwise.errors import ModelLoadError
+from specwise.models.checkpoints.default_model import default_model_path
+from specwise.models.checkpoints.gguf import read_gguf
+from specwise.models.checkpoints.hf import read_hf_dir
 from specwise.models.config import ModelConfig
-from specwise.models.default_model import default_model_path
-from specwise.models.gguf_loader import read_gguf
-from specwise.models.hf_loader import read_hf_dir
 from specwise.models.llama import LlamaForCausalLM
 from specwise.models.quantize import pack_weights
 from specwise.models.rope import RotaryEmbedding

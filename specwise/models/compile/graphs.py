@@ -18,7 +18,7 @@ static bucket of 8 rows, autotuned, was 1.05-1.15x slower than the dynamic graph
 attend to nothing and write no cache slot (attention.py); 3 rows padded to 4 cost what 4 do.
 
 Each graph is exported (`torch.export`) and compiled ahead of time by AOTInductor into a package
-kept on disk (compile_cache.py): the first start compiles them (minutes on two cores, a line on
+kept on disk (cache.py): the first start compiles them (minutes on two cores, a line on
 stderr per graph), later starts load them in seconds. inductor's own disk cache cannot keep them
 (freezing's oneDNN-packed weights do not pickle), so torch.compile recompiled in full at every
 start. `CompiledForward` has every graph ready before the first request; a layer-skip drafter's
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from specwise.errors import ConfigError
 from specwise.models.attention import AttentionMetadata, PrefillChunk, step_metadata
-from specwise.models.compile_cache import CompileCache, entry_key, holds, note, source_digest
+from specwise.models.compile.cache import CompileCache, entry_key, holds, note, source_digest
 from specwise.models.llama import LlamaForCausalLM
 
 BUCKETS = (1, 2, 4)             # token counts with a static graph (C++ GEMM template); steps are padded up to one
@@ -55,7 +55,7 @@ PROC_MAPS = "/proc/self/maps"
 UNPACKED = re.compile(r"^(.*/aotinductor_[^/]+)/")
 _LOADING = threading.Lock()
 
-source_digest(sys.modules[__name__])       # this file as imported, part of every cache entry's key (compile_cache.py)
+source_digest(sys.modules[__name__])       # this file as imported, part of every cache entry's key (cache.py)
 
 # A graph's callable: its inputs as a list (the loader's boxed call, without the per-call parsing of the
 # package's input spec that `AOTICompiledModel.__call__` does) -> its outputs as a list

@@ -9,8 +9,8 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize as gguf_dequantize
 
 from specwise.errors import ConfigError, ModelLoadError
+from specwise.models.checkpoints.hf import check_weights, hf_weight_shapes
 from specwise.models.config import ModelConfig
-from specwise.models.hf_loader import check_weights, hf_weight_shapes
 from specwise.models.tokenizer import Tokenizer, one_line
 
 Q = GGMLQuantizationType
