@@ -69,7 +69,8 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="buffer size of the bandwidth probe (MiB)")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers")
-    parser.add_argument("--compile", action="store_true", help="ours with --compile (inductor, models/compile/graphs.py)")
+    parser.add_argument("--compile", action="store_true",
+                        help="ours with --compile (inductor, models/compile/graphs.py)")
     parser.add_argument("--quick", action="store_true", help="smoke run: batches 1,4 and one dtype")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)

@@ -52,7 +52,7 @@ def speedup_plot(summary: Summary, recommendation: Recommendation, kind: str) ->
     axes.axhline(1.0 + recommendation.margin, color="green", linestyle="--", linewidth=1,
                  label=f"pays (+{recommendation.margin:.0%})")
     style_axes(axes, kind, f"speedup in {recommendation.metric} vs {summary.baseline} (error bars: interval)",
-           summary.load_values(kind))
+               summary.load_values(kind))
     return png(figure)
 
 
