@@ -1,5 +1,5 @@
 """Medusa heads in vLLM's checkpoint format (`--speculative-config '{"method": "medusa", "model": DIR}'`),
-written and read back. Facts from vLLM 0.32.0's source (model_executor/models/heads/medusa.py,
+written and read back. Facts from vLLM 0.32.0's source (model_executor/models/medusa.py,
 transformers_utils/configs/medusa.py, config/speculative.py):
 
 - config.json: model_type "medusa" (how vLLM recognises the method), architectures ["MedusaModel"],
