@@ -94,9 +94,9 @@ if [[ $ENGINE == vllm ]]; then
   "$PY" -m specwise evaluate --engine vllm --engine-cmd "$VENV/bin/python -m vllm.entrypoints.openai.api_server" \
     --model "$MODEL_DIR" --methods off,ngram@4 --engine-args "$VLLM_ARGS" --cores 0/1 "${EVALUATE[@]}" \
     2>&1 | tee "$OUT/evaluate.txt"
-  # vLLM for CPU 0.32's defaults (its start-up log says them); 2 GiB of bf16 KV for SmolLM2-135M
-  # (2 x 30 layers x 3 KV heads x 64 x 2 bytes = 23,040 bytes a token)
-  LIMITS=(--max-num-seqs 128 --max-num-batched-tokens "$VLLM_TOKEN_BUDGET" --block-size 128 --kv-cache-tokens 93206)
+  # vLLM says its block size and KV cache on /metrics (the run keeps them: run.json "said"), its token budget
+  # nowhere (the profile has it) nor its most sequences: vLLM for CPU 0.32's default, as its start-up log says
+  LIMITS=(--max-num-seqs 128)
 else
   log "evaluate the same servers as endpoints"
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" \
@@ -105,12 +105,12 @@ else
   if [[ $ENGINE == fake ]]; then      # the fake prefills whole prompts and never runs out of KV
     LIMITS=(--max-num-batched-tokens 1000000 --kv-cache-tokens 1000000)
   else
-    LIMITS=(--max-num-seqs 64 --max-num-batched-tokens 512 --block-size 16 --kv-cache-tokens 46603)   # serve's, 1 GiB
+    LIMITS=()     # our server says its limits and KV cache on /health (run.json "said")
   fi
 fi
 log "evaluated (load $(cat /proc/loadavg))"
 for n in $(seq "$CALIBRATIONS"); do
-  "$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile-$n.json" "${LIMITS[@]}" \
+  "$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile-$n.json" ${LIMITS[@]+"${LIMITS[@]}"} \
     --output "$OUT/predicted-$n" 2>&1 | tee "$OUT/validate-$n.txt"
 done
 for n in $(seq 2 "$CALIBRATIONS"); do   # the sweeps' predictions against each other: the machine's drift between two

@@ -4,7 +4,7 @@
         [--speculative-config JSON | --speculative-algorithm A --speculative-num-draft-tokens N ...]
         [--per-request-spec-decode-metrics summary]
 
-Serves GET /health, /v1/models, /version, /metrics (vLLM's spec-decode counters) and streams
+Serves GET /health, /v1/models, /version, /metrics (vLLM's spec-decode counters, its KV cache) and streams
 POST /v1/completions and /v1/chat/completions: one chunk per step, STEP_DELAY seconds a step;
 a speculating server emits 1 + accepted tokens a step, accepted = step % (k + 1), and with
 --per-request-spec-decode-metrics puts vLLM 0.32's `metrics.speculative_decoding` on the usage
@@ -345,12 +345,18 @@ def record(histogram, drafted) -> None:
         COUNTERS["per_pos"][position] += sum(histogram[position + 1:])
 
 
+CACHE_BLOCK_SIZE, CACHE_BLOCKS = 16, 4096      # its vllm:cache_config_info: 65,536 KV tokens
+
+
 def metrics_text() -> str:
     lines = [f"vllm:spec_decode_num_drafts_total {COUNTERS['drafts']}",
              f"vllm:spec_decode_num_draft_tokens_total {COUNTERS['draft_tokens']}",
              f"vllm:spec_decode_num_accepted_tokens_total {COUNTERS['accepted']}"]
     lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {n}'
               for i, n in enumerate(COUNTERS["per_pos"])]
+    # its KV cache as vLLM says it (a few of the real page's labels; tests/data/vllm-0.32-cpu-ngram-metrics.txt)
+    lines.append(f'vllm:cache_config_info{{block_size="{CACHE_BLOCK_SIZE}",cache_dtype="auto",'
+                 f'num_gpu_blocks="{CACHE_BLOCKS}",num_cpu_blocks="None"}} 1.0')
     return "\n".join(lines) + "\n"
 
 

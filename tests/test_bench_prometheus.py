@@ -1,11 +1,14 @@
-"""Speculative counters read from Prometheus text: vLLM, our own server, SGLang."""
+"""Speculative counters read from Prometheus text: vLLM, our own server, SGLang; vLLM's KV cache."""
+
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
 from specwise.bench.load.targets.base import ServerAcceptance
-from specwise.bench.load.targets.prometheus import acceptance_from_samples, add, difference, parse_exposition
+from specwise.bench.load.targets.prometheus import (acceptance_from_samples, add, difference, parse_exposition,
+                                                    vllm_cache_limits)
 
 VLLM = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -94,3 +97,13 @@ def test_no_speculative_metrics_means_unknown():
 @pytest.mark.parametrize("text", ["", "garbage\n", "# only comments\n"])
 def test_empty_pages(text):
     assert acceptance_from_samples(parse_exposition(text)) is None
+
+
+def test_vllms_kv_cache_is_read_from_its_cache_config_info():
+    """A real vLLM for CPU 0.32 page (2 GiB of KV for SmolLM2-135M): 728 blocks of 128 tokens. A page without
+    the gauge says nothing; one whose block count is not a number says the block size alone."""
+    page = (Path(__file__).parent / "data" / "vllm-0.32-cpu-ngram-metrics.txt").read_text()
+    assert vllm_cache_limits(page) == {"block_size": 128, "kv_cache_tokens": 93184}
+    assert vllm_cache_limits(VLLM) == {}
+    unknown = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
+    assert vllm_cache_limits(unknown) == {"block_size": 16, "kv_cache_tokens": None}

@@ -24,6 +24,7 @@ from specwise.bench.load.arms import parse_engine_methods
 from specwise.bench.results import read_records
 from specwise.errors import ConfigError
 
+from fake_engine import CACHE_BLOCK_SIZE, CACHE_BLOCKS
 from launch_fixtures import DEADLINE, FAKE, ROOT, alive, pids, run_config, settings, wait_for
 
 
@@ -41,6 +42,9 @@ def test_side_by_side_measures_both_arms_and_reads_acceptance_per_request(tmp_pa
     assert "--per-request-spec-decode-metrics" in ngram["argv"] and "--speculative-config" in ngram["argv"]
     assert Path(ngram["log"]).read_text().count("fake engine serving") == 1
     assert all(entry["requests_agree"] for entry in run["server_acceptance"] if entry["arm"] == "ngram-k4")
+    # each server's KV cache as its /metrics says it (vllm:cache_config_info), for simulate --validate
+    said = {"block_size": CACHE_BLOCK_SIZE, "kv_cache_tokens": CACHE_BLOCK_SIZE * CACHE_BLOCKS}
+    assert run["said"] == {"off": said, "ngram-k4": said}
     summary = outcome.report.summary_md.read_text()
     assert "Servers launched by specwise: vllm 0.0.1-fake, paired side-by-side" in summary
     assert ngram["command"] in summary
@@ -275,7 +279,9 @@ def test_launch_flags_checked_in_one_line(flags, message):
 def test_sglang_arms_launch_with_the_sglang_flags(tmp_path, fake):
     outcome = evaluate(run_config(tmp_path, concurrency="1"), argv=[],
                        launch=settings(engine="sglang", engine_cmd=FAKE.removesuffix(" serve"), pairing="side-by-side"))
-    servers = json.loads((outcome.results_dir / "run.json").read_text())["launch"]["servers"]
+    run = json.loads((outcome.results_dir / "run.json").read_text())
+    servers = run["launch"]["servers"]
+    assert run["said"] == {"off": {}, "ngram-k4": {}}       # SGLang's limits are not read
     assert servers[0]["argv"][-6:] == ["--model-path", "/models/hf", "--host", "127.0.0.1", "--port",
                                        str(servers[0]["url"].rsplit(":", 1)[1])]
     assert servers[1]["argv"][-4:] == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]

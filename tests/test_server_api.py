@@ -152,11 +152,19 @@ def test_token_id_prompt_and_chat_defaults(client, server):
 def test_models_health_metrics(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
-    budget, reads = server.engine.config.max_num_batched_tokens, server.engine.runner.kv_reads
+    engine = server.engine
+    budget, reads, seqs = engine.config.max_num_batched_tokens, engine.runner.kv_reads, engine.config.max_num_seqs
+    kv_tokens = engine.block_manager.num_blocks * reads.block_size
     assert httpx.get(server.url("/health")).json() == {"status": "ok", "forward": "eager",
                                                         "max_num_batched_tokens": budget,
-                                                        "kv_reads": {"group_size": 16, "block_size": reads.block_size}}
-    assert asyncio.run(announced(server.url("/v1"))) == ServerSays(budget, reads)    # what calibrate --endpoint reads
+                                                        "kv_reads": {"group_size": 16, "block_size": reads.block_size},
+                                                        "max_num_seqs": seqs, "block_size": reads.block_size,
+                                                        "kv_cache_tokens": kv_tokens}
+    # what calibrate --endpoint and evaluate (for simulate --validate) read
+    said = asyncio.run(announced(server.url("/v1")))
+    assert said == ServerSays(budget, reads, seqs, reads.block_size, kv_tokens)
+    assert said.limits() == {"max_num_seqs": seqs, "max_num_batched_tokens": budget, "block_size": reads.block_size,
+                             "kv_cache_tokens": kv_tokens}
     wait_until(lambda: engine_idle(server.engine), what="engine idle")
     samples = server.metrics()
     assert metric(samples, "specwise:kv_cache_blocks_used") == 0

@@ -21,7 +21,8 @@ from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli import main
 from specwise.engine.cost.step_profile import ProfileCost
 from specwise.sim.simulator import SimServerConfig
-from specwise.sim.validate import Validation, compare, measured_workload, plan_positions, report, session_turns, validate
+from specwise.sim.validate import (Validation, compare, measured_workload, plan_positions, report, server_from_run,
+                                   session_turns, validate)
 from specwise.sim.validation_plot import validation_figure
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
@@ -85,6 +86,34 @@ def test_validate_prints_the_errors_computed_by_hand(tmp_path, capsys):
         assert f"{name}: median |error| {np.median(values):.1%}, worst {max(values):.1%} over 2 points" in out
     assert "verdicts: 0 of 0 agree" in out            # 2 requests decide nothing
     assert (tmp_path / "predicted" / "requests.jsonl").read_text().count("\n") == 4
+
+
+def test_a_servers_run_is_replayed_with_the_limits_its_server_said(tmp_path, capsys):
+    """A run against servers (evaluate --engine or --endpoint: no "engine" in run.json) is replayed with what the
+    baseline's server said of itself (run.json "said"). Said a budget of 4 tokens a step, the 8-token prompts
+    prefill in two 10 ms steps: predicted TTFT 20 ms. Where the server said only its KV cache (vLLM, on
+    /metrics), the rest are the flags', and a line names them."""
+    recorded_run(tmp_path)
+    run = json.loads((tmp_path / "run.json").read_text())
+    del run["engine"]
+    said = {"max_num_seqs": 8, "max_num_batched_tokens": 4, "block_size": 4, "kv_cache_tokens": 1024}
+    run["said"] = {"off": said, "ngram-k4": said}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("off "))
+    assert row.split()[2:5] == ["11.5ms", "20.0ms", f"{0.020 / 0.0115 - 1:+.1%}"]     # TTFT measured, predicted
+    assert "does not say" not in out
+
+    deployment = Deployment.from_config(DeploymentConfig())
+    vllm = {"baseline": "off", "said": {"off": {"block_size": 128, "kv_cache_tokens": 93184}}}
+    server, capacity, _, note = server_from_run(vllm, SimServerConfig(), deployment)
+    assert (server.block_size, capacity, server.max_num_seqs, server.max_num_batched_tokens) == (128, 93184, 256, 8192)
+    assert note == ("the run does not say its server's max_num_seqs, max_num_batched_tokens: replayed with "
+                    "--max-num-seqs 256, --max-num-batched-tokens 8192")
+    flags = SimServerConfig(max_num_seqs=128, max_num_batched_tokens=2048, kv_cache_tokens=5000)
+    server, capacity, _, note = server_from_run(vllm, flags, deployment)     # a KV cache given wins
+    assert (server.max_num_seqs, server.max_num_batched_tokens, capacity) == (128, 2048, 5000) and "256" not in note
 
 
 def test_two_replays_compare_as_a_measurement_and_its_replay_do(tmp_path):

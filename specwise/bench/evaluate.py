@@ -37,7 +37,7 @@ from specwise.bench.load.runner import Runner
 from specwise.bench.load.slo import parse_slo
 from specwise.bench.inputs.synthetic import synthesize_prompts
 from specwise.bench.load.schedule import choose_schedule
-from specwise.bench.load.targets.http import HttpTarget, check_endpoint
+from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoint
 from specwise.bench.stats.precision import PrecisionCheck
 from specwise.bench.load.token_counter import LocalTokenizer
 from specwise.config import EngineConfig
@@ -93,25 +93,28 @@ def evaluate(config: EvaluateConfig, engine_config: EngineConfig | None = None,
     settle = 0.0 if config.settle is None and launch and (launch.cores or launch.devices) else config.settle
     schedule = choose_schedule(config.schedule, specs, config.round_size, settle, blocks)
     headers = _headers(config)
+    said = pool.said if pool is not None else {}    # each server's limits as it says them (launched: once up)
     for spec in specs:
         if spec.url is not None:
             asyncio.run(check_endpoint(spec.name, spec.url, headers))
+            said[spec.name] = asyncio.run(announced(spec.url, headers)).limits()
     with interrupt_on_sigterm():
         try:
             return _measure(config, engine_config, plan, specs, baseline, results_dir, schedule, headers, argv,
-                            checkpoint, pool)
+                            checkpoint, pool, said)
         finally:
             stop_all()
 
 
 def _measure(config, engine_config, plan, specs, baseline, results_dir, schedule, headers, argv, checkpoint,
-             pool: ServerPool | None) -> Outcome:
+             pool: ServerPool | None, said: dict[str, dict]) -> Outcome:
     arms = _arms(config, engine_config, specs, checkpoint, headers, pool)
     if config.trace:
         plan.workload = synthesize_prompts(plan.workload, config.trace_category, arms.tokenizer, arms.max_model_len)
         plan.info["clipped"] = sum(1 for r in plan.workload if r.extra.get("clipped"))
     info = _run_info(config, engine_config, plan, arms, baseline, argv)
     info["schedule"] = schedule.to_dict([spec.name for spec in specs])
+    info["said"] = said          # launched servers' filled in as they come up
     if pool is not None:
         info["launch"] = pool.info          # updated in place as servers start and exit
     view = make_view(config.progress)

@@ -104,10 +104,14 @@ def service_routes(serving: Serving) -> APIRouter:
             raise APIError(503, "the engine thread has stopped", code="engine_stopped")
         # which forward serves: "compiled" graphs, or "eager" (without --compile, or while they compile); the
         # token budget a step, which `calibrate --endpoint` needs to know how many steps a long prompt takes,
-        # and how the attention reads the cache, which it needs to count a step's KV tokens read
-        return {"status": "ok", "forward": "compiled" if serving.engine.compiled else "eager",
-                "max_num_batched_tokens": serving.engine.config.max_num_batched_tokens,
-                "kv_reads": serving.engine.runner.kv_reads.to_json()}
+        # and how the attention reads the cache, which it needs to count a step's KV tokens read; the most
+        # sequences a step and the KV cache, which `simulate --validate` needs to replay a run against it
+        engine = serving.engine
+        return {"status": "ok", "forward": "compiled" if engine.compiled else "eager",
+                "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+                "kv_reads": engine.runner.kv_reads.to_json(), "max_num_seqs": engine.config.max_num_seqs,
+                "block_size": engine.block_manager.block_size,
+                "kv_cache_tokens": engine.block_manager.num_blocks * engine.block_manager.block_size}
 
     @router.get("/metrics")
     async def metrics():

@@ -72,6 +72,7 @@ class Validation:
     points: list[PointComparison]
     skipped: dict[str, str] = field(default_factory=dict)       # arm -> why it was not replayed
     predicted_records: list[RequestRecord] = field(default_factory=list)
+    assumed: str = ""           # the server limits the run did not say, as the replay took them (server_from_run)
 
     def error_summary(self, key: str, load_kind: str | None = None) -> tuple[float, float, int] | None:
         """(median, worst, count) of the absolute errors over the points (of one load kind); None: no point."""
@@ -94,27 +95,44 @@ class Validation:
                    for _, key in METRICS if (figures := self.error_summary(key))}
         agree, decided, unsure = self.verdict_counts()
         return {"points": points, "errors": summary,
-                "verdicts": {"agree": agree, "decided": decided, "cant_tell": unsure}, "not_replayed": self.skipped}
+                "verdicts": {"agree": agree, "decided": decided, "cant_tell": unsure}, "not_replayed": self.skipped,
+                "assumed": self.assumed}
 
 
-def server_from_run(run: dict, flags: SimServerConfig, deployment: Deployment) -> tuple[SimServerConfig, int, int]:
-    """The measured engine's limits and KV cache (run.json "engine", in-process runs), else the flags.
-    Returns (server, KV capacity in tokens, max_model_len)."""
+def server_from_run(run: dict, flags: SimServerConfig, deployment: Deployment) -> tuple[SimServerConfig, int, int, str]:
+    """The measured engine's limits and KV cache (run.json "engine", in-process runs), else what its server said
+    of them (run.json "said", the baseline arm's: `specwise serve` on /health, vLLM its KV cache on /metrics),
+    else the flags. Returns (server, KV capacity in tokens, max_model_len, a line naming the limits taken from
+    the flags, "" where the run said them all)."""
     engine = run.get("engine") or {}
-    server = SimServerConfig(max_num_seqs=engine.get("max_num_seqs", flags.max_num_seqs),
-                             max_num_batched_tokens=engine.get("max_num_batched_tokens",
-                                                               flags.max_num_batched_tokens),
-                             block_size=engine.get("block_size", flags.block_size),
-                             kv_cache_tokens=flags.kv_cache_tokens)
+    said = (run.get("said") or {}).get(run.get("baseline")) or {}
+    assumed = []
+
+    def limit(name: str) -> int:
+        value = engine.get(name, said.get(name))
+        if value is None:
+            assumed.append((name, getattr(flags, name)))
+        return getattr(flags, name) if value is None else value
+
+    server = SimServerConfig(max_num_seqs=limit("max_num_seqs"),
+                             max_num_batched_tokens=limit("max_num_batched_tokens"),
+                             block_size=limit("block_size"), kv_cache_tokens=flags.kv_cache_tokens)
     if flags.kv_cache_tokens:
         capacity = flags.kv_cache_tokens
     elif engine.get("num_kv_blocks"):
         capacity = engine["num_kv_blocks"] * server.block_size
     elif engine.get("kv_cache_gb"):
         capacity = int(engine["kv_cache_gb"] * 2**30 / deployment.kv_bytes_per_token)
+    elif said.get("kv_cache_tokens"):
+        capacity = said["kv_cache_tokens"]
     else:
         capacity = deployment.memory_plan().kv_capacity_tokens
-    return server, capacity, engine.get("max_model_len") or 0
+        assumed.append(("kv_cache_tokens", capacity))
+    note = ""
+    if assumed:
+        names = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in assumed)
+        note = f"the run does not say its server's {', '.join(name for name, _ in assumed)}: replayed with {names}"
+    return server, capacity, engine.get("max_model_len") or 0, note
 
 
 def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: SimServerConfig,
@@ -123,7 +141,7 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     measured = [r for r in read_records(results_dir) if not r.warmup]
     if not measured:
         raise InputError(f"{results_dir}: no measured requests to replay")
-    server, capacity, max_model_len = server_from_run(run, flags, deployment)
+    server, capacity, max_model_len, assumed = server_from_run(run, flags, deployment)
     simulator = FlatSimulator(cost, server, capacity, seed=seed, max_model_len=max_model_len or None)
     arms, skipped = _arms(run, measured, results_dir, cost, deployment)
     groups: dict[tuple, list[RequestRecord]] = defaultdict(list)
@@ -136,7 +154,7 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     for (name, kind, value, round_), records in groups.items():
         predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after, places)
     kept = [r for r in measured if r.arm in arms]
-    return Validation(compare(kept, predicted, run), skipped, predicted)
+    return Validation(compare(kept, predicted, run), skipped, predicted, assumed)
 
 
 def _arms(run: dict, measured, results_dir, cost, deployment) -> tuple[dict[str, SpecArm], dict[str, str]]:
@@ -293,6 +311,8 @@ def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
                  f"({unsure} points where it can't tell)")
     for arm, why in validation.skipped.items():
         lines.append(f"not replayed: {arm} ({why})")
+    if validation.assumed:
+        lines.append(validation.assumed)
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ from specwise.bench.launch.memory import kv_cache_share
 from specwise.bench.launch.server import LaunchError, LaunchedServer, engine_version
 from specwise.bench.load.arms import ArmSpec
 from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, TargetError
-from specwise.bench.load.targets.http import HttpTarget
+from specwise.bench.load.targets.http import HttpTarget, announced
 from specwise.bench.load.targets.per_request import SGLANG_REQUEST
 from specwise.errors import SpecwiseError
 
@@ -88,6 +88,7 @@ class ServerPool:
         self.servers = {name: LaunchedServer(command, Path(results_dir) / "servers" / f"{name}.log")
                         for name, command in self.commands.items()}
         self.current: str | None = None     # blocks: the arm whose server is up
+        self.said: dict[str, dict] = {}     # arm -> its server's limits, as it said them once up (run.json "said")
         self.info = {"engine": settings.engine, "model": settings.model, "pairing": self.pairing,
                      "restarts": 0, "kv_cache": self.kv_note, "servers": [
                          {"arm": name, "command": command.text(), "argv": command.argv, "env": command.env,
@@ -123,6 +124,8 @@ class ServerPool:
         self.current = name
         if entry["version"] is None:
             entry["version"] = await engine_version(server.command.url)
+        if name not in self.said:
+            self.said[name] = (await announced(server.command.url)).limits()
         return True
 
     async def _start(self, server: LaunchedServer, entry: dict) -> None:

@@ -19,7 +19,7 @@ import httpx
 
 from specwise.bench.load.targets.base import ServerAcceptance, StreamEvent, TargetError, TokenChunk, Usage
 from specwise.bench.load.targets.per_request import per_request_acceptance
-from specwise.bench.load.targets.prometheus import scrape
+from specwise.bench.load.targets.prometheus import scrape, vllm_cache_limits
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.engine.cost.kv_reads import KVReads
 from specwise.errors import ConfigError
@@ -162,24 +162,55 @@ async def check_endpoint(name: str, base_url: str, headers: dict | None = None) 
 
 @dataclass(frozen=True)
 class ServerSays:
-    max_num_batched_tokens: int | None = None   # the most tokens a step takes; None: not said
-    kv_reads: KVReads | None = None             # how its attention reads the cache; None: not said
+    """What a server says of its scheduler and KV cache, each None where it does not say it."""
+    max_num_batched_tokens: int | None = None   # the most tokens a step takes
+    kv_reads: KVReads | None = None             # how its attention reads the cache
+    max_num_seqs: int | None = None             # the most sequences a step runs
+    block_size: int | None = None               # tokens a KV-cache block
+    kv_cache_tokens: int | None = None          # the KV cache, tokens
+
+    def limits(self) -> dict:
+        """The scheduler and KV-cache figures said, by name (run.json "said": what `simulate --validate` reads)."""
+        return {name: value for name in LIMITS if (value := getattr(self, name)) is not None}
+
+
+LIMITS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_tokens")
 
 
 async def announced(base_url: str, headers: dict | None = None) -> ServerSays:
-    """What the server says of itself on /health, where it does: `specwise serve` says its token budget a
-    step and how its attention reads the cache; vLLM and SGLang publish neither where a client can read."""
+    """What the server says of itself where a client can read it. `specwise serve`, on /health: its token
+    budget a step, how its attention reads the cache, its most sequences a step, its block size and KV cache.
+    vLLM, on /metrics (vllm:cache_config_info): its block size and KV cache blocks; its budget and most
+    sequences nowhere. SGLang: nothing read."""
     root = server_root(base_url)
+    async with httpx.AsyncClient(timeout=10.0, headers=headers or {}) as client:
+        said = await _json(client, f"{root}/health")
+        said = said if isinstance(said, dict) else {}
+        if "block_size" not in said:
+            said |= await _vllm_cache(client, f"{root}/metrics")
+    return ServerSays(_count(said.get("max_num_batched_tokens")), KVReads.from_json(said.get("kv_reads")),
+                      _count(said.get("max_num_seqs")), _count(said.get("block_size")),
+                      _count(said.get("kv_cache_tokens")))
+
+
+async def _json(client: httpx.AsyncClient, url: str):
     try:
-        async with httpx.AsyncClient(timeout=10.0, headers=headers or {}) as client:
-            said = (await client.get(f"{root}/health")).json()
+        return (await client.get(url)).json()
     except (httpx.HTTPError, ValueError):
-        return ServerSays()
-    if not isinstance(said, dict):
-        return ServerSays()
-    budget = said.get("max_num_batched_tokens")
-    budget = budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
-    return ServerSays(budget, KVReads.from_json(said.get("kv_reads")))
+        return None
+
+
+async def _vllm_cache(client: httpx.AsyncClient, url: str) -> dict:
+    try:
+        response = await client.get(url)
+    except httpx.HTTPError:
+        return {}
+    return vllm_cache_limits(response.text) if response.status_code == 200 else {}
+
+
+def _count(value) -> int | None:
+    """A positive int, else None (not said)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _error_text(body: str) -> str:
