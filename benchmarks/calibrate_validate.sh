@@ -31,8 +31,11 @@ CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated:
 # CALIBRATE_ARGS_<n>: sweep n's own calibrate flags in place of CALIBRATE_ARGS (two designs, one machine state)
 OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
+VLLM_TOKEN_BUDGET=2048     # vLLM for CPU 0.32's default max_num_batched_tokens (no endpoint says it)
+# its defaults for an API server on a CPU, 128 sequences and 2,048 tokens a step (vLLM's engine/arg_utils.py), set
+# outright: the launched run keeps them (run.json "said"), which vLLM says nowhere a client can read
 VLLM_ARGS="--enforce-eager --max-model-len 2048 --dtype bfloat16 --no-enable-prefix-caching"
-VLLM_TOKEN_BUDGET=2048     # vLLM for CPU 0.32's max_num_batched_tokens (its start-up log says it; no endpoint does)
+VLLM_ARGS+=" --max-num-seqs 128 --max-num-batched-tokens $VLLM_TOKEN_BUDGET"
 NGRAM_VLLM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 SERVE_ARGS=${SERVE_ARGS:-"--max-model-len 2048 --num-threads 1 --no-compile"}   # eager: no minutes of compiling
 mkdir -p "$OUT/servers"
@@ -94,9 +97,7 @@ if [[ $ENGINE == vllm ]]; then
   "$PY" -m specwise evaluate --engine vllm --engine-cmd "$VENV/bin/python -m vllm.entrypoints.openai.api_server" \
     --model "$MODEL_DIR" --methods off,ngram@4 --engine-args "$VLLM_ARGS" --cores 0/1 "${EVALUATE[@]}" \
     2>&1 | tee "$OUT/evaluate.txt"
-  # vLLM says its block size and KV cache on /metrics (the run keeps them: run.json "said"), its token budget
-  # nowhere (the profile has it) nor its most sequences: vLLM for CPU 0.32's default, as its start-up log says
-  LIMITS=(--max-num-seqs 128)
+  LIMITS=()     # vLLM's block size and KV cache as its /metrics said them, its limits as VLLM_ARGS set them
 else
   log "evaluate the same servers as endpoints"
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" \

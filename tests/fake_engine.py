@@ -73,6 +73,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--speculative-eagle-topk", type=int)
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--max-num-seqs", type=int)             # taken, not obeyed
+    parser.add_argument("--max-num-batched-tokens", type=int)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--dtype")
     args = parser.parse_args()

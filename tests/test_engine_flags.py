@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from specwise.bench.engine_flags import speculative_flags
+from specwise.bench.engine_flags import speculative_flags, vllm_limits
 from specwise.bench.load.arms import parse_engine_methods
 from specwise.bench.load.metrics import PointMetrics, Stats
 from specwise.bench.report.recommend import recommend
@@ -96,3 +96,12 @@ def test_engine_methods_refused_in_one_line(text, message):
 def test_the_recommendation_says_what_suffix_needs_in_vllm():
     assert "arctic-inference" in vllm_config("suffix", "suffix", 4, [])["vllm_note"]
     assert vllm_config("ngram", "ngram", 4, [])["vllm_note"] == ""
+
+
+def test_the_limits_a_vllm_command_line_sets():
+    """Both spellings; a flag without a number, or with none after it, sets nothing; other flags are not limits."""
+    argv = ["vllm", "serve", "m", "--max-num-seqs", "128", "--max-num-batched-tokens=2048", "--block-size", "x",
+            "--max-model-len", "2048", "--enforce-eager"]
+    assert vllm_limits(argv) == {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
+    assert vllm_limits(["vllm", "serve", "m", "--block-size"]) == {}
+    assert vllm_limits(["--block-size", "16"]) == {"block_size": 16}

@@ -29,7 +29,8 @@ from launch_fixtures import DEADLINE, FAKE, ROOT, alive, pids, run_config, setti
 
 
 def test_side_by_side_measures_both_arms_and_reads_acceptance_per_request(tmp_path, fake):
-    outcome = evaluate(run_config(tmp_path), argv=[], launch=settings(pairing="side-by-side"))
+    limits = "--max-num-seqs 32 --max-num-batched-tokens 512"
+    outcome = evaluate(run_config(tmp_path), argv=[], launch=settings(pairing="side-by-side", engine_args=limits))
     records = [r for r in read_records(outcome.results_dir) if not r.warmup]
     assert {r.arm for r in records} == {"off", "ngram-k4"} and not any(r.error for r in records)
     speculative = [r for r in records if r.arm == "ngram-k4"]
@@ -42,8 +43,10 @@ def test_side_by_side_measures_both_arms_and_reads_acceptance_per_request(tmp_pa
     assert "--per-request-spec-decode-metrics" in ngram["argv"] and "--speculative-config" in ngram["argv"]
     assert Path(ngram["log"]).read_text().count("fake engine serving") == 1
     assert all(entry["requests_agree"] for entry in run["server_acceptance"] if entry["arm"] == "ngram-k4")
-    # each server's KV cache as its /metrics says it (vllm:cache_config_info), for simulate --validate
-    said = {"block_size": CACHE_BLOCK_SIZE, "kv_cache_tokens": CACHE_BLOCK_SIZE * CACHE_BLOCKS}
+    # for simulate --validate: each server's KV cache as its /metrics says it (vllm:cache_config_info), its
+    # limits as its command line set them (vLLM says them nowhere)
+    said = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "block_size": CACHE_BLOCK_SIZE,
+            "kv_cache_tokens": CACHE_BLOCK_SIZE * CACHE_BLOCKS}
     assert run["said"] == {"off": said, "ngram-k4": said}
     summary = outcome.report.summary_md.read_text()
     assert "Servers launched by specwise: vllm 0.0.1-fake, paired side-by-side" in summary

@@ -28,6 +28,10 @@ its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO): a
 Worked example: ("ngram", "ngram", 4) -> vLLM ["--speculative-config", '{"method": "ngram",
 "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'], SGLang
 ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"].
+
+The other way, for a server the launcher started: the scheduler limits its vLLM command line sets
+(`vllm_limits`: --max-num-seqs, --max-num-batched-tokens, --block-size), which vLLM says nowhere a client
+can read (run.json "said", for `simulate --validate`).
 """
 
 import json
@@ -38,6 +42,8 @@ from specwise.errors import ConfigError
 from specwise.models.export.export_formats import SGLANG_REFUSALS, VLLM_METHODS, export_dir
 
 ENGINES = ("vllm", "sglang")
+VLLM_LIMITS = {"--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
+               "--block-size": "block_size"}
 SERVER_METHODS = ("ngram", "suffix", "draft", "eagle", "eagle3", "medusa")   # what an engine arm may run (and off)
 SERVER_FORMS = ("off, ngram[:MIN-MAX], suffix[:D[:T]], draft:MODEL, eagle:MODEL, eagle3:MODEL or medusa:MODEL "
                 "(MODEL: the server's checkpoint or a specwise head's directory; each @k optional)")
@@ -124,6 +130,20 @@ def note(engine_name: str, spec: str | None, method: str) -> str:
     if engine_name == "SGLang" and method in SGLANG_REFUSALS:
         return SGLANG_REFUSALS[method] + "."
     return NO_SERVER_EQUIVALENT.get(method, f"no {engine_name} equivalent known for {spec}")
+
+
+def vllm_limits(argv: list[str]) -> dict[str, int]:
+    """The scheduler limits a vLLM command line sets, by the simulator's names; those left to vLLM's defaults
+    are absent. Worked example: [..., "--max-num-seqs", "128", "--max-num-batched-tokens=2048"] ->
+    {"max_num_seqs": 128, "max_num_batched_tokens": 2048}."""
+    limits = {}
+    for i, word in enumerate(argv):
+        flag, equals, value = word.partition("=")
+        if flag in VLLM_LIMITS:
+            value = value if equals else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value.isdigit() and int(value) > 0:
+                limits[VLLM_LIMITS[flag]] = int(value)
+    return limits
 
 
 def command_text(words: list[str]) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
+from specwise.bench.engine_flags import vllm_limits
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.launch.command import (PER_REQUEST_METRICS, ServerCommand, build_command, check_cores, free_port,
                                            split_sets)
@@ -124,8 +125,9 @@ class ServerPool:
         self.current = name
         if entry["version"] is None:
             entry["version"] = await engine_version(server.command.url)
-        if name not in self.said:
-            self.said[name] = (await announced(server.command.url)).limits()
+        if name not in self.said:       # what it says of itself, else what its command line set
+            command = vllm_limits(server.command.argv) if self.settings.engine == "vllm" else {}
+            self.said[name] = command | (await announced(server.command.url)).limits()
         return True
 
     async def _start(self, server: LaunchedServer, entry: dict) -> None:
