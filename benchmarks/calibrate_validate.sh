@@ -28,13 +28,19 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 CALIBRATE_BUDGET=${CALIBRATE_BUDGET:-180}
 CALIBRATE_ARGS=${CALIBRATE_ARGS:-}
 CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated: the second shows the machine's drift
+SWEEP_AFTER=${SWEEP_AFTER:-0}    # 1: one more sweep after the run (profile-after.json), validated alone and fitted
+                                 # together with the first (profile-bracket.json): the machine's state at both ends
 # CALIBRATE_ARGS_<n>: sweep n's own calibrate flags in place of CALIBRATE_ARGS (two designs, one machine state)
 OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
 VLLM_TOKEN_BUDGET=2048     # vLLM for CPU 0.32's default max_num_batched_tokens (no endpoint says it)
 # its defaults for an API server on a CPU, 128 sequences and 2,048 tokens a step (vLLM's engine/arg_utils.py), set
 # outright: the launched run keeps them (run.json "said"), which vLLM says nowhere a client can read
-VLLM_ARGS="--enforce-eager --max-model-len 2048 --dtype bfloat16 --no-enable-prefix-caching"
+# both servers' dtype: what our engine's `auto` takes here (specwise/models/capabilities.py), bfloat16 where the CPU
+# computes it natively, else float32: vLLM for CPU 0.32 in bfloat16 on an AVX2-only CPU prefilled 1,024 tokens in 27 s,
+# in float32 in 5-6 s (2026-12-07)
+DTYPE=${DTYPE:-$("$PY" -c 'from specwise.models.capabilities import compute_dtype; print(str(compute_dtype("auto", "cpu")).split(".")[1])')}
+VLLM_ARGS="--enforce-eager --max-model-len 2048 --dtype $DTYPE --no-enable-prefix-caching"
 VLLM_ARGS+=" --max-num-seqs 128 --max-num-batched-tokens $VLLM_TOKEN_BUDGET"
 NGRAM_VLLM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 SERVE_ARGS=${SERVE_ARGS:-"--max-model-len 2048 --num-threads 1 --no-compile"}   # eager: no minutes of compiling
@@ -59,7 +65,8 @@ start() {   # NAME CORE PORT [flags...]: its own process group, so that stop_ser
     FAKE_ENGINE_START_DELAY=0 FAKE_ENGINE_STEP_COST=${FAKE_ENGINE_STEP_COST:-0.02,0.0005,0.00004,0.002} \
       setsid "$PY" tests/fake_engine.py serve fake --port "$port" "$@" > "$OUT/servers/$name.log" 2>&1 &
   else
-    setsid taskset -c "$core" "$PY" -m specwise serve --port "$port" "$@" $SERVE_ARGS > "$OUT/servers/$name.log" 2>&1 &
+    setsid taskset -c "$core" "$PY" -m specwise serve --port "$port" --dtype "$DTYPE" "$@" $SERVE_ARGS \
+      > "$OUT/servers/$name.log" 2>&1 &
   fi
   PIDS+=($!)
 }
@@ -76,17 +83,21 @@ elif [[ $ENGINE == fake ]]; then
 else
   NGRAM_FLAGS=(--speculative ngram --num-speculative-tokens 4)
 fi
-log "starting the $ENGINE servers for calibration"
+log "starting the $ENGINE servers for calibration ($DTYPE)"
 start off 0 "$PORT_OFF"
 start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
 wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
-for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the machine moves between two
-  args_var=CALIBRATE_ARGS_$n
-  log "calibration $n ${!args_var:-$CALIBRATE_ARGS} (load $(cat /proc/loadavg))"
-  # shellcheck disable=SC2086
+calibrate() {   # NAME [flags...]: one sweep of both servers into profile-NAME.json
+  local name=$1; shift
+  log "calibration $name $* (load $(cat /proc/loadavg))"
   "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" \
     --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" --budget "$CALIBRATE_BUDGET" \
-    --output "$OUT/profile-$n.json" "${BUDGET_FLAGS[@]}" ${!args_var:-$CALIBRATE_ARGS} 2>&1 | tee "$OUT/calibrate-$n.txt"
+    --output "$OUT/profile-$name.json" "${BUDGET_FLAGS[@]}" "$@" 2>&1 | tee "$OUT/calibrate-$name.txt"
+}
+for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the machine moves between two
+  args_var=CALIBRATE_ARGS_$n
+  # shellcheck disable=SC2086
+  calibrate "$n" ${!args_var:-$CALIBRATE_ARGS}
 done
 log "calibrated (load $(cat /proc/loadavg))"
 
@@ -98,10 +109,20 @@ if [[ $ENGINE == vllm ]]; then
     --model "$MODEL_DIR" --methods off,ngram@4 --engine-args "$VLLM_ARGS" --cores 0/1 "${EVALUATE[@]}" \
     2>&1 | tee "$OUT/evaluate.txt"
   LIMITS=()     # vLLM's block size and KV cache as its /metrics said them, its limits as VLLM_ARGS set them
+  if [[ $SWEEP_AFTER == 1 ]]; then   # evaluate's servers are gone: the sweep's own again, on the same cores
+    start off 0 "$PORT_OFF"
+    start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
+    wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
+    # shellcheck disable=SC2086
+    calibrate after $CALIBRATE_ARGS
+    stop_servers
+  fi
 else
   log "evaluate the same servers as endpoints"
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" \
     --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
+  # shellcheck disable=SC2086
+  [[ $SWEEP_AFTER == 1 ]] && calibrate after $CALIBRATE_ARGS
   stop_servers
   if [[ $ENGINE == fake ]]; then      # the fake prefills whole prompts and never runs out of KV
     LIMITS=(--max-num-batched-tokens 1000000 --kv-cache-tokens 1000000)
@@ -110,7 +131,13 @@ else
   fi
 fi
 log "evaluated (load $(cat /proc/loadavg))"
-for n in $(seq "$CALIBRATIONS"); do
+SWEEPS=$(seq "$CALIBRATIONS")
+if [[ $SWEEP_AFTER == 1 ]]; then
+  "$PY" -m specwise calibrate --refit "$OUT/profile-1.json" "$OUT/profile-after.json" \
+    --output "$OUT/profile-bracket.json" 2>&1 | tee "$OUT/calibrate-bracket.txt"
+  SWEEPS+=" after bracket"
+fi
+for n in $SWEEPS; do
   "$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile-$n.json" ${LIMITS[@]+"${LIMITS[@]}"} \
     --output "$OUT/predicted-$n" 2>&1 | tee "$OUT/validate-$n.txt"
 done

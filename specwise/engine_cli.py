@@ -107,9 +107,10 @@ def register_calibrate(subparsers) -> None:
     endpoint.add_argument("--budget", type=float, default=180.0, help="seconds for the whole sweep, warm-up included")
     endpoint.add_argument("--categories", default="all",
                           help="suite categories the prompts are cut from, in turn within each wave (comma-separated)")
-    endpoint.add_argument("--refit", metavar="PROFILE",
+    endpoint.add_argument("--refit", metavar="PROFILE", nargs="+",
                           help="fit a recorded sweep again (a profile calibrate --endpoint wrote, with the requests "
-                               "it kept beside it), no server needed; writes --output")
+                               "it kept beside it), no server needed; writes --output. Several: their waves fitted "
+                               "together (sweeps of the same servers at other times, before and after a run)")
     endpoint.add_argument("--kv-reads", metavar="GROUP/BLOCK", default=None,
                           help="how the server's attention reads its KV cache: GROUP sequences at a time to the "
                                "longest's context, in whole blocks of BLOCK tokens (specwise serve: 16/16), or "

@@ -37,13 +37,14 @@ SWEEP = ["--batch-sizes", "1,2,4,8", "--prompt-tokens", "16,256", "--output-toke
 # 2-core VM every coefficient came within 0.7% quiet and within 3.4% at load average 9.
 TOLERANCE = 0.05
 TOKEN_BUDGET = 256
+SPECULATING_PAIR = [[], ["--speculative-config", '{"num_speculative_tokens": 3}',
+                         "--per-request-spec-decode-metrics", "summary"]]
 
 
 @pytest.fixture(scope="module")
 def servers():
     """A plain and a speculating (k = 3) fake engine with the known step time; ended by PID."""
-    yield from fake_engines([[], ["--speculative-config", '{"num_speculative_tokens": 3}',
-                                  "--per-request-spec-decode-metrics", "summary"]])
+    yield from fake_engines(SPECULATING_PAIR)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +53,16 @@ def chunking_server():
     yield from fake_engines([[]], FAKE_ENGINE_TOKEN_BUDGET=str(TOKEN_BUDGET))
 
 
-def fake_engines(flag_sets: list[list[str]], **extra_env):
-    """One fake engine per flag set, with the known step time; ended by PID, even on failure."""
-    env = dict(os.environ, FAKE_ENGINE_START_DELAY="0", FAKE_ENGINE_STEP_COST=f"{FIXED},{PER_TOKEN},{PER_KV},{PER_ROW}",
+@pytest.fixture(scope="module")
+def slower_servers():
+    """The same pair as `servers` with a step 3 ms dearer: the machine after it slowed down."""
+    yield from fake_engines(SPECULATING_PAIR, fixed=FIXED + 0.003)
+
+
+def fake_engines(flag_sets: list[list[str]], fixed: float = FIXED, **extra_env):
+    """One fake engine per flag set, with the known step time (fixed: its fixed cost); ended by PID, even on
+    failure."""
+    env = dict(os.environ, FAKE_ENGINE_START_DELAY="0", FAKE_ENGINE_STEP_COST=f"{fixed},{PER_TOKEN},{PER_KV},{PER_ROW}",
                **extra_env)
     urls, processes = [], []
     try:
@@ -426,6 +434,30 @@ def test_a_recorded_sweep_is_refitted_without_a_server(servers, tmp_path, capsys
     assert "refitted from" in capsys.readouterr().out
     assert main(["calibrate", "--refit", str(tmp_path / "profile.requests.jsonl"), "--output", str(again)]) == 2
     assert "not a profile written by calibrate --endpoint" in capsys.readouterr().err
+
+
+def test_sweeps_at_two_times_are_refitted_as_one(servers, slower_servers, tmp_path, capsys):
+    """--refit with two profiles fits their waves and probes together: sweeps of a machine whose step cost
+    20 ms fixed and then 23 ms fit a fixed cost between the two; sweeps of other endpoints are refused.
+    (Sweeps 20 and 30 ms apart are refused as one: their steps miss the one fit by 12%, median.)"""
+    paths = [tmp_path / "before.json", tmp_path / "after.json"]
+    for path, (plain, speculating) in zip(paths, (servers, slower_servers)):
+        assert main(["calibrate", "--endpoint", plain, "--speculative-arm", f"ngram={speculating}",
+                     "--batch-sizes", "1,4", "--prompt-tokens", "16,128", "--output-tokens", "12",
+                     "--prefill-lens", "16,256", "--prefill-repeats", "1", "--output", str(path)]) == 0
+    both = tmp_path / "both.json"
+    assert main(["calibrate", "--refit", *map(str, paths), "--output", str(both)]) == 0
+    assert f"refitted from {paths[0]}, {paths[1]}" in capsys.readouterr().out
+    before, after, together = (json.loads(p.read_text()) for p in (*paths, both))
+    assert before["linear"]["fixed_s"] < together["linear"]["fixed_s"] < after["linear"]["fixed_s"]
+    for name in ("waves", "prefills"):
+        assert len(together["calibration"][name]) == len(before["calibration"][name]) + len(after["calibration"][name])
+    assert together["linear"]["steps"] == before["linear"]["steps"] + after["linear"]["steps"]
+    plain_only = tmp_path / "plain-only.json"
+    plain_only.write_text(json.dumps(before | {"calibration": before["calibration"]
+                                               | {"endpoints": {"off": servers[0]}}}))
+    assert main(["calibrate", "--refit", str(paths[0]), str(plain_only), "--output", str(both)]) == 2
+    assert "sweeps fitted together must sweep the same ones" in capsys.readouterr().err
 
 
 def test_attention_pairs_are_fitted_where_the_server_prefilled_every_probe_whole():

@@ -106,31 +106,51 @@ def _with_what_the_server_says(design: SweepDesign, endpoint: str) -> SweepDesig
     return dataclasses.replace(design, max_num_batched_tokens=budget, kv_reads=reads)
 
 
-def refit(profile_path: str, output: str, options: FitOptions | None = None,
+def refit(profile_paths: list[str], output: str, options: FitOptions | None = None,
           max_num_batched_tokens: int | None = None, kv_reads: str | None = None) -> dict:
-    """Fit a recorded sweep again (its profile and the requests kept beside it), write the profile to output.
+    """Fit recorded sweeps again (each a profile and the requests kept beside it), write the profile to output.
+    Several sweeps of the same servers (two hours apart, or one before and one after a run) are fitted as one:
+    their waves and probes together, each wave its own sample, so the fit lies between the machine's states.
     max_num_batched_tokens, kv_reads: the server's token budget and KV reads ("16/16", "none"), in place of
-    those the sweep recorded (a sweep recorded before KV reads were: none)."""
-    try:
-        profile = json.loads(Path(profile_path).read_text(encoding="utf-8"))
-        calibration = profile["calibration"]
-        urls, requests = calibration["endpoints"], Path(profile_path).parent / calibration["requests"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(f"{profile_path}: not a profile written by calibrate --endpoint (with its requests kept)")
-    shared = {(w["endpoint"], wave_tag(w["batch_size"], w["prompt_tokens"])): tuple(w["shared_drafts"])
-              for w in calibration.get("waves", []) if w.get("shared_drafts")}
-    recorded = (calibration.get("design") or {}).get("max_num_batched_tokens")
-    budget = max_num_batched_tokens if max_num_batched_tokens is not None else recorded
+    those the first sweep recorded (a sweep recorded before KV reads were: none)."""
+    recorded = [_recorded(path) for path in profile_paths]
+    profile, calibration = recorded[0][0], recorded[0][0]["calibration"]
+    urls = calibration["endpoints"]
+    for path, (other, _) in zip(profile_paths[1:], recorded[1:]):
+        if sorted(other["calibration"]["endpoints"]) != sorted(urls):
+            raise ConfigError(f"calibrate --refit: {path} swept the endpoints {sorted(other['calibration']['endpoints'])}, "
+                              f"{profile_paths[0]} {sorted(urls)}: sweeps fitted together must sweep the same ones")
+    design = calibration.get("design") or {}
+    budget = max_num_batched_tokens if max_num_batched_tokens is not None else design.get("max_num_batched_tokens")
     if budget is not None and budget < 1:
         raise ConfigError("calibrate --refit: --max-num-batched-tokens must be at least 1")
-    reads = kv_reads if kv_reads is not None else (calibration.get("design") or {}).get("kv_reads") or "none"
-    sweep = regroup(read_records_file(requests), shared, budget, KVReads.parse(reads))
-    calibration = calibration | {"refitted_from": str(profile_path), "requests": str(requests.resolve())}
-    calibration["design"] = (calibration.get("design") or {}) | {"max_num_batched_tokens": budget,
-                                                                 "kv_reads": reads}
+    reads = kv_reads if kv_reads is not None else design.get("kv_reads") or "none"
+    sweep = Sweep()
+    for (other, requests), path in zip(recorded, profile_paths):
+        shared = {(w["endpoint"], wave_tag(w["batch_size"], w["prompt_tokens"])): tuple(w["shared_drafts"])
+                  for w in other["calibration"].get("waves", []) if w.get("shared_drafts")}
+        one = regroup(read_records_file(requests), shared, budget, KVReads.parse(reads))
+        if one.counts and sweep.counts and (options or FitOptions()).count_cost:
+            raise ConfigError(f"calibrate --refit: {path} ran a count probe, and so did a sweep before it: fit "
+                              f"several sweeps together without it (--no-count-cost), or one at a time")
+        sweep.probes += one.probes
+        sweep.waves += one.waves
+        sweep.counts |= one.counts
+    calibration = calibration | {"refitted_from": profile_paths if len(profile_paths) > 1 else profile_paths[0],
+                                 "requests": str(recorded[0][1].resolve())}
+    calibration["design"] = design | {"max_num_batched_tokens": budget, "kv_reads": reads}
     refitted = _write_profile(urls, sweep, calibration, profile.get("model", "model?"), output, options)
-    print(f"wrote {output} (refitted from {profile_path})")
+    print(f"wrote {output} (refitted from {', '.join(profile_paths)})")
     return refitted
+
+
+def _recorded(path: str) -> tuple[dict, Path]:
+    """A profile calibrate --endpoint wrote and the path of the requests it kept; InputError when it is not."""
+    try:
+        profile = json.loads(Path(path).read_text(encoding="utf-8"))
+        return profile, Path(path).parent / profile["calibration"]["requests"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(f"{path}: not a profile written by calibrate --endpoint (with its requests kept)")
 
 
 def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model: str, output: str,
