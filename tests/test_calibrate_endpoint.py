@@ -288,6 +288,13 @@ def test_a_sweep_too_short_to_fit_is_refused_in_one_line(servers, tmp_path, caps
     error = capsys.readouterr().err.strip()
     assert error.startswith("specwise: error: endpoint off: the sweep is too short to fit") and "\n" not in error
     assert not (tmp_path / "p.json").exists()
+    # what it swept is kept for --refit (the same sweep refused the same way), and is no profile to simulate with
+    kept = tmp_path / "p.refused.json"
+    assert f"calibrate --refit {kept}" in error
+    assert main(["calibrate", "--refit", str(kept), "--output", str(tmp_path / "again.json")]) == 2
+    assert "the sweep is too short to fit" in capsys.readouterr().err
+    with pytest.raises(InputError, match="a sweep calibrate could not fit"):
+        load_step_cost(kept)
 
 
 def test_a_server_that_does_not_answer_is_refused_before_the_sweep(tmp_path, capsys):

@@ -5,7 +5,8 @@ as own-engine `calibrate` (engine/cost/step_fit.py). The profile holds the plain
 "linear" and each speculating endpoint's own fit under "linear"."drafting"[METHOD], the same
 format `specwise calibrate` writes for our engine (engine/cost/step_profile.py): `simulate`, `calc`
 and the recommendation read it. The residuals are printed per step; a sweep too short to fit,
-or one whose fit misses its own steps by more than MAX_MEDIAN_RESIDUAL, is refused in one line.
+or one whose fit misses its own steps by more than MAX_MEDIAN_RESIDUAL, is refused in one line; what it
+swept is kept then (PROFILE.refused.json, no fit in it), for `calibrate --refit` with other fit options.
 
 Each endpoint's count probe (counts.py) says what a step of a token count the server has not run
 lately costs it, and how many counts it keeps: it comes off the prefill probes' TTFTs and the waves'
@@ -80,7 +81,13 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     requests.write_text("".join(r.to_json() + "\n" for r in records), encoding="utf-8")
     calibration = {"endpoints": urls, "design": asdict(design), "seconds": round(elapsed, 1),
                    "requests": requests.name}
-    profile = _write_profile(urls, sweep, calibration, targets[0].model or "model?", output, options)
+    try:
+        profile = _write_profile(urls, sweep, calibration, targets[0].model or "model?", output, options)
+    except ConfigError as error:
+        kept = Path(output).with_suffix(".refused.json")
+        kept.write_text(json.dumps({"format": PROFILE_FORMAT, "refused": str(error), "model": targets[0].model or "model?",
+                                    "calibration": calibration | _swept(sweep)}, indent=1), encoding="utf-8")
+        raise ConfigError(f"{error} (the sweep is kept: `specwise calibrate --refit {kept}` fits it again)") from None
     print(f"wrote {output} (sweep {elapsed:.0f} s)")
     return profile
 
@@ -181,12 +188,16 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
         linear["drafting"] = {method: fits[method].to_json() for method in urls if method != PLAIN_ENDPOINT}
     profile = {"format": PROFILE_FORMAT, "version": 1, "machine": f"endpoint {urls[PLAIN_ENDPOINT]}", "model": model,
                "linear": linear,
-               "calibration": calibration | {"prefills": [_probe_json(probe) for probe in sweep.probes],
-                                             "counts": {name: asdict(cost) for name, cost in counts.items() if cost},
-                                             "waves": [_wave_json(wave) for wave in sweep.waves]}}
+               "calibration": calibration | _swept(sweep)
+               | {"counts": {name: asdict(cost) for name, cost in counts.items() if cost}}}
     with open(output, "w", encoding="utf-8") as stream:
         json.dump(profile, stream, indent=1)
     return profile
+
+
+def _swept(sweep: Sweep) -> dict:
+    """What the sweep measured, as the profile's "calibration" keeps it (refit reads the waves' shared drafts)."""
+    return {"prefills": [_probe_json(probe) for probe in sweep.probes], "waves": [_wave_json(wave) for wave in sweep.waves]}
 
 
 def with_pairs_decided(options: FitOptions, probes: list[Probe]) -> FitOptions:

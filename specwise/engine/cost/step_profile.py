@@ -143,6 +143,9 @@ def load_step_cost(path) -> StepCostModel:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return ProfileCost.load(path)                 # its one-line error
+    if data.get("format") == PROFILE_FORMAT and "refused" in data:
+        raise InputError(f"{path}: a sweep calibrate could not fit ({data['refused']}), kept for "
+                         f"`specwise calibrate --refit {path}`: not a profile")
     if data.get("format") == PROFILE_FORMAT and "seconds" not in data and isinstance(data.get("linear"), dict):
         try:
             return LinearStepCost.from_json(data["linear"], description=f"linear fit: {data.get('model') or 'model?'}"
