@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from capability_marks import cpu_kernels, needs_cxx
+from capability_marks import needs_cxx
 from test_server_cli import REPO, free_port, wait_for_health
 from test_server_harness import ServerThread, metric, wait_until
 from tiny_checkpoints import make_tiny_hf_config, random_state_dict, write_hf_checkpoint
@@ -78,8 +78,11 @@ def gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
+# Not marked cpu_kernels: what depends on the instruction set here is the compile and the compiled graphs'
+# numbers, which tests/test_compiled.py checks again held to AVX2 (compiled against eager, speculation under
+# compile); this test's own subject, the process that compiles, the gate and the switch, is the same on every
+# CPU, and a second run of it held to AVX2 cost `make test` 75-110 s on the AVX-512 machine.
 @needs_cxx
-@cpu_kernels
 def test_serves_eagerly_while_compiling_then_switches_with_the_same_tokens(model, tmp_path, capfd):
     gate = tmp_path / "gate"
     os.mkfifo(gate)
