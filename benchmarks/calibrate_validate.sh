@@ -87,12 +87,13 @@ log "starting the $ENGINE servers for calibration ($DTYPE)"
 start off 0 "$PORT_OFF"
 start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
 wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
-calibrate() {   # NAME [flags...]: one sweep of both servers into profile-NAME.json
-  local name=$1; shift
+calibrate() {   # NAME [flags...]: one sweep of both servers into profile-NAME.json; a sweep calibrate refuses
+  local name=$1; shift   # to fit (kept as profile-NAME.refused.json) does not stop the run: it is not replayed
   log "calibration $name $* (load $(cat /proc/loadavg))"
   "$PY" -m specwise calibrate --endpoint "http://127.0.0.1:$PORT_OFF" \
     --speculative-arm "ngram=http://127.0.0.1:$PORT_NGRAM" --budget "$CALIBRATE_BUDGET" \
-    --output "$OUT/profile-$name.json" "${BUDGET_FLAGS[@]}" "$@" 2>&1 | tee "$OUT/calibrate-$name.txt"
+    --output "$OUT/profile-$name.json" "${BUDGET_FLAGS[@]}" "$@" 2>&1 | tee "$OUT/calibrate-$name.txt" \
+    || log "calibration $name refused: no profile-$name.json to replay"
 }
 for n in $(seq "$CALIBRATIONS"); do     # a second sweep shows how much the machine moves between two
   args_var=CALIBRATE_ARGS_$n
@@ -133,15 +134,18 @@ fi
 log "evaluated (load $(cat /proc/loadavg))"
 SWEEPS=$(seq "$CALIBRATIONS")
 if [[ $SWEEP_AFTER == 1 ]]; then
-  "$PY" -m specwise calibrate --refit "$OUT/profile-1.json" "$OUT/profile-after.json" \
-    --output "$OUT/profile-bracket.json" 2>&1 | tee "$OUT/calibrate-bracket.txt"
+  kept() { [[ -f $OUT/profile-$1.json ]] && echo "$OUT/profile-$1.json" || echo "$OUT/profile-$1.refused.json"; }
+  "$PY" -m specwise calibrate --refit "$(kept 1)" "$(kept after)" \
+    --output "$OUT/profile-bracket.json" 2>&1 | tee "$OUT/calibrate-bracket.txt" || log "the two sweeps together: refused"
   SWEEPS+=" after bracket"
 fi
 for n in $SWEEPS; do
+  [[ -f $OUT/profile-$n.json ]] || continue
   "$PY" -m specwise simulate --validate "$OUT/measured" --profile "$OUT/profile-$n.json" ${LIMITS[@]+"${LIMITS[@]}"} \
     --output "$OUT/predicted-$n" 2>&1 | tee "$OUT/validate-$n.txt"
 done
 for n in $(seq 2 "$CALIBRATIONS"); do   # the sweeps' predictions against each other: the machine's drift between two
+  [[ -d $OUT/predicted-1 && -d $OUT/predicted-$n ]] || continue
   "$PY" benchmarks/validate_simulator.py "$OUT/predicted-1" "$OUT/predicted-$n" --labels "sw1,sw$n" \
     2>&1 | tee "$OUT/sweeps-1-$n.txt"
 done
