@@ -458,8 +458,12 @@ def test_sweeps_at_two_times_are_refitted_as_one(servers, slower_servers, tmp_pa
     before, after, together = (json.loads(p.read_text()) for p in (*paths, both))
     assert before["linear"]["fixed_s"] < together["linear"]["fixed_s"] < after["linear"]["fixed_s"]
     for name in ("waves", "prefills"):
-        assert len(together["calibration"][name]) == len(before["calibration"][name]) + len(after["calibration"][name])
+        assert len(together["calibration"][name]) == sum(len(one["calibration"][name]) for one in (before, after))
     assert together["linear"]["steps"] == before["linear"]["steps"] + after["linear"]["steps"]
+    # a refit of that profile refits the two sweeps it was fitted from, to the same figures
+    again = tmp_path / "again.json"
+    assert main(["calibrate", "--refit", str(both), "--output", str(again)]) == 0
+    assert json.loads(again.read_text())["linear"] == together["linear"]
     plain_only = tmp_path / "plain-only.json"
     plain_only.write_text(json.dumps(before | {"calibration": before["calibration"]
                                                | {"endpoints": {"off": servers[0]}}}))

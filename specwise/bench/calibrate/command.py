@@ -85,8 +85,9 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
         profile = _write_profile(urls, sweep, calibration, targets[0].model or "model?", output, options)
     except ConfigError as error:
         kept = Path(output).with_suffix(".refused.json")
-        kept.write_text(json.dumps({"format": PROFILE_FORMAT, "refused": str(error), "model": targets[0].model or "model?",
-                                    "calibration": calibration | _swept(sweep)}, indent=1), encoding="utf-8")
+        kept.write_text(json.dumps({"format": PROFILE_FORMAT, "refused": str(error),
+                                    "model": targets[0].model or "model?", "calibration": calibration | _swept(sweep)},
+                                   indent=1), encoding="utf-8")
         raise ConfigError(f"{error} (the sweep is kept: `specwise calibrate --refit {kept}` fits it again)") from None
     print(f"wrote {output} (sweep {elapsed:.0f} s)")
     return profile
@@ -120,20 +121,22 @@ def refit(profile_paths: list[str], output: str, options: FitOptions | None = No
     their waves and probes together, each wave its own sample, so the fit lies between the machine's states.
     max_num_batched_tokens, kv_reads: the server's token budget and KV reads ("16/16", "none"), in place of
     those the first sweep recorded (a sweep recorded before KV reads were: none)."""
-    recorded = [_recorded(path) for path in profile_paths]
-    profile, calibration = recorded[0][0], recorded[0][0]["calibration"]
+    recorded = [sweep for path in profile_paths for sweep in _recorded(path)]
+    profile_paths = [path for path, _, _ in recorded]
+    profile, calibration = recorded[0][1], recorded[0][1]["calibration"]
     urls = calibration["endpoints"]
-    for path, (other, _) in zip(profile_paths[1:], recorded[1:]):
+    for path, other, _ in recorded[1:]:
         if sorted(other["calibration"]["endpoints"]) != sorted(urls):
-            raise ConfigError(f"calibrate --refit: {path} swept the endpoints {sorted(other['calibration']['endpoints'])}, "
-                              f"{profile_paths[0]} {sorted(urls)}: sweeps fitted together must sweep the same ones")
+            raise ConfigError(f"calibrate --refit: {path} swept the endpoints "
+                              f"{sorted(other['calibration']['endpoints'])}, {profile_paths[0]} {sorted(urls)}: "
+                              f"sweeps fitted together must sweep the same ones")
     design = calibration.get("design") or {}
     budget = max_num_batched_tokens if max_num_batched_tokens is not None else design.get("max_num_batched_tokens")
     if budget is not None and budget < 1:
         raise ConfigError("calibrate --refit: --max-num-batched-tokens must be at least 1")
     reads = kv_reads if kv_reads is not None else design.get("kv_reads") or "none"
     sweep = Sweep()
-    for (other, requests), path in zip(recorded, profile_paths):
+    for path, other, requests in recorded:
         shared = {(w["endpoint"], wave_tag(w["batch_size"], w["prompt_tokens"])): tuple(w["shared_drafts"])
                   for w in other["calibration"].get("waves", []) if w.get("shared_drafts")}
         one = regroup(read_records_file(requests), shared, budget, KVReads.parse(reads))
@@ -143,20 +146,27 @@ def refit(profile_paths: list[str], output: str, options: FitOptions | None = No
         sweep.probes += one.probes
         sweep.waves += one.waves
         sweep.counts |= one.counts
-    calibration = calibration | {"refitted_from": profile_paths if len(profile_paths) > 1 else profile_paths[0],
-                                 "requests": str(recorded[0][1].resolve())}
+    if len(recorded) > 1:       # a refit of this profile refits the sweeps it was fitted from
+        calibration = calibration | {"refitted_from": profile_paths, "requests": [str(r) for _, _, r in recorded]}
+    else:
+        calibration = calibration | {"refitted_from": profile_paths[0], "requests": str(recorded[0][2])}
     calibration["design"] = design | {"max_num_batched_tokens": budget, "kv_reads": reads}
     refitted = _write_profile(urls, sweep, calibration, profile.get("model", "model?"), output, options)
     print(f"wrote {output} (refitted from {', '.join(profile_paths)})")
     return refitted
 
 
-def _recorded(path: str) -> tuple[dict, Path]:
-    """A profile calibrate --endpoint wrote and the path of the requests it kept; InputError when it is not."""
+def _recorded(path: str) -> list[tuple[str, dict, Path]]:
+    """The sweeps a profile calibrate --endpoint wrote holds, each (its profile's path, that profile, the requests
+    it kept): its own, or those of the profiles a refit fitted it from together; InputError when it is none."""
     try:
         profile = json.loads(Path(path).read_text(encoding="utf-8"))
-        return profile, Path(path).parent / profile["calibration"]["requests"]
-    except (OSError, ValueError, KeyError, TypeError):
+        several = profile["calibration"].get("refitted_from")
+        if isinstance(several, list):
+            return [sweep for one in several for sweep in _recorded(one)]
+        requests = (Path(path).parent / profile["calibration"]["requests"]).resolve()
+        return [(str(Path(path).resolve()), profile, requests)]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         raise InputError(f"{path}: not a profile written by calibrate --endpoint (with its requests kept)")
 
 
@@ -197,7 +207,8 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
 
 def _swept(sweep: Sweep) -> dict:
     """What the sweep measured, as the profile's "calibration" keeps it (refit reads the waves' shared drafts)."""
-    return {"prefills": [_probe_json(probe) for probe in sweep.probes], "waves": [_wave_json(wave) for wave in sweep.waves]}
+    return {"prefills": [_probe_json(probe) for probe in sweep.probes],
+            "waves": [_wave_json(wave) for wave in sweep.waves]}
 
 
 def with_pairs_decided(options: FitOptions, probes: list[Probe]) -> FitOptions:
