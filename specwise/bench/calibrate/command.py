@@ -121,9 +121,11 @@ def refit(profile_paths: list[str], output: str, options: FitOptions | None = No
     their waves and probes together, each wave its own sample, so the fit lies between the machine's states.
     max_num_batched_tokens, kv_reads: the server's token budget and KV reads ("16/16", "none"), in place of
     those the first sweep recorded (a sweep recorded before KV reads were: none)."""
-    recorded = [sweep for path in profile_paths for sweep in _recorded(path)]
+    given = [_recorded(path) for path in profile_paths]
+    # the first profile named gives the endpoints and the design (a refit's own, with the flags it was given)
+    profile, calibration = given[0][0], given[0][0]["calibration"]
+    recorded = [sweep for _, sweeps in given for sweep in sweeps]
     profile_paths = [path for path, _, _ in recorded]
-    profile, calibration = recorded[0][1], recorded[0][1]["calibration"]
     urls = calibration["endpoints"]
     for path, other, _ in recorded[1:]:
         if sorted(other["calibration"]["endpoints"]) != sorted(urls):
@@ -156,16 +158,17 @@ def refit(profile_paths: list[str], output: str, options: FitOptions | None = No
     return refitted
 
 
-def _recorded(path: str) -> list[tuple[str, dict, Path]]:
-    """The sweeps a profile calibrate --endpoint wrote holds, each (its profile's path, that profile, the requests
-    it kept): its own, or those of the profiles a refit fitted it from together; InputError when it is none."""
+def _recorded(path: str) -> tuple[dict, list[tuple[str, dict, Path]]]:
+    """A profile calibrate --endpoint wrote and the sweeps it holds, each (its profile's path, that profile, the
+    requests it kept): its own, or those of the profiles a refit fitted it from together; InputError when it is
+    none."""
     try:
         profile = json.loads(Path(path).read_text(encoding="utf-8"))
         several = profile["calibration"].get("refitted_from")
         if isinstance(several, list):
-            return [sweep for one in several for sweep in _recorded(one)]
+            return profile, [sweep for one in several for sweep in _recorded(one)[1]]
         requests = (Path(path).parent / profile["calibration"]["requests"]).resolve()
-        return [(str(Path(path).resolve()), profile, requests)]
+        return profile, [(str(Path(path).resolve()), profile, requests)]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         raise InputError(f"{path}: not a profile written by calibrate --endpoint (with its requests kept)")
 
