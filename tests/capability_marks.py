@@ -9,6 +9,8 @@ from specwise.models import capabilities
 
 _caps = capabilities.cpu_capabilities()
 
+needs_onednn_fp32 = pytest.mark.skipif(not _caps.onednn_fp32,
+                                       reason=f"needs {capabilities.NEEDS['onednn_fp32']}; this CPU: {_caps.isa}")
 needs_onednn_bf16 = pytest.mark.skipif(not _caps.onednn_bf16,
                                        reason=f"needs {capabilities.NEEDS['onednn_bf16']}; this CPU: {_caps.isa}")
 needs_native_bf16 = pytest.mark.skipif(not _caps.native_bf16,

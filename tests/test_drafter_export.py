@@ -47,7 +47,7 @@ def our_eagle(head, target_model, tokens, features):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_exported_eagle_gives_our_logits(tmp_path, arch):
     target = tiny_checkpoint(arch)
-    model = build_model(target, torch.float32, "cpu", 64)
+    model = build_model(target, torch.float32, "cpu", 64, plain=True)      # its weights read below
     directory, head = saved_head(tmp_path / "eagle", target, "eagle")
     export = export_drafter(directory, "vllm", tmp_path / "out", target)
     assert export.kind == "eagle" and not export.notes
@@ -79,7 +79,7 @@ def test_eagle_draft_vocabulary_is_expanded_and_said(tmp_path):
 @pytest.mark.parametrize("draft_vocab", [None, DRAFT_VOCAB])
 def test_exported_medusa_gives_our_logits(tmp_path, draft_vocab):
     target = tiny_checkpoint()
-    model = build_model(target, torch.float32, "cpu", 64)
+    model = build_model(target, torch.float32, "cpu", 64, plain=True)      # its weights read below
     directory, heads = saved_head(tmp_path / "medusa", target, "medusa", num_heads=3, draft_vocab=draft_vocab)
     export = export_drafter(directory, "vllm", tmp_path / "out", target)
     config, weights = read_medusa(tmp_path / "out")
@@ -208,7 +208,7 @@ def test_exported_eagle3_gives_our_logits_and_keeps_the_draft_vocabulary(tmp_pat
     engine's LM head (on the draft vocabulary where there is one, -inf elsewhere) and the same fed-back state,
     for a teacher-forced run and for a step fed back its own output."""
     target = tiny_checkpoint()
-    model = build_model(target, torch.float32, "cpu", 64)
+    model = build_model(target, torch.float32, "cpu", 64, plain=True)      # its weights read below
     layers = default_aux_layers(target.config.num_hidden_layers)
     drafter = DrafterConfig("eagle3", target_signature(target.config, target.tokenizer), draft_vocab=draft_vocab,
                             aux_layers=layers)

@@ -64,7 +64,7 @@ def models(tmp_path_factory):
     """The target and the --speculative text of each head (fitted on prompts 0, 2, 4), plus the dirs."""
     root = tmp_path_factory.mktemp("heads_exactness")
     target = load_checkpoint(write_tiny_model(root / "target", seed=0, num_layers=TARGET_LAYERS))
-    model = build_model(target, torch.float32, "cpu", ENGINE["max_model_len"])
+    model = build_model(target, torch.float32, "cpu", ENGINE["max_model_len"], plain=True)   # trains heads
     texts = greedy_texts(model, [target.tokenizer.encode(text) for text, _ in PROMPTS[::2]], max_tokens=40)
     eagle = fitted_head_dir(root / "eagle", "eagle", target, model, texts, steps=100)
     medusa = fitted_head_dir(root / "medusa", "medusa", target, model, texts, steps=300, num_heads=MEDUSA_HEADS)

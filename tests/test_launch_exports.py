@@ -37,7 +37,7 @@ def heads(tmp_path_factory):
     greedy text for a few steps."""
     root = tmp_path_factory.mktemp("heads")
     target = tiny_checkpoint()
-    model = build_model(target, torch.float32, "cpu", 64)
+    model = build_model(target, torch.float32, "cpu", 64, plain=True)     # trains heads
     texts = greedy_texts(model, [[1, 5, 9, 17], [1, 40, 41]], max_tokens=12)
     hf = write_first_layers_draft(target, target.config.num_hidden_layers, root / "target")
     eagle = fitted_head_dir(root / "eagle", "eagle", target, model, texts, steps=10)

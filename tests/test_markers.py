@@ -10,7 +10,7 @@ TESTS = Path(__file__).resolve().parent
 # What makes a test's outcome depend on the CPU: a reduced dtype, a weight-quantized kernel, compiling, the
 # capability probe itself, or a stated need for one of them (capability_marks). (The calculators' "bf16" strings are names in a catalog, not kernels: not matched.)
 KERNEL_WORDS = re.compile(r"torch\.bfloat16|quantiz|int8|int4|compile=True|--compile|capabilities|needs_cxx|"
-                          r"needs_onednn_bf16|needs_native_bf16")
+                          r"needs_onednn_bf16|needs_onednn_fp32|needs_native_bf16")
 
 
 def needs_mark_but_lacks_it(source: str) -> bool:

@@ -9,7 +9,7 @@ from specwise.config import EngineConfig
 from specwise.errors import ConfigError
 from specwise.models import capabilities
 from specwise.models.quantize import Int4Linear, Int8Linear, OneDNNLinear, bf16_linear, pack_weights
-from capability_marks import cpu_kernels, needs_onednn_bf16, pretend_missing
+from capability_marks import cpu_kernels, needs_onednn_bf16, needs_onednn_fp32, pretend_missing
 
 pytestmark = cpu_kernels
 
@@ -38,6 +38,20 @@ def test_each_kernel_matches_a_plain_matmul(kind, rows):
     assert layer(x.to(torch.bfloat16).expand(2, rows, 128)).shape == (2, rows, 96)
 
 
+@needs_onednn_fp32
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_onednn_fp32_matches_a_plain_matmul_to_fp32_rounding(rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 128, generator=generator) * 0.05
+    bias = torch.randn(96, generator=generator)
+    x = torch.randn(rows, 128, generator=generator)
+    layer = OneDNNLinear(weight, bias, torch.float32)
+    out = layer(x)
+    assert out.dtype == torch.float32 and layer.weight_bytes == 96 * 128 * 4
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    assert layer(x.expand(2, rows, 128)).shape == (2, rows, 96)
+
+
 def test_int4_keeps_weights_already_on_its_grid():
     # weights with 16 levels per group of 32 (as a Q4 GGUF stores them) lose only the bf16 rounding
     # of scales, zeros and activations: far below the 0.12 of random weights
@@ -57,18 +71,20 @@ class TwoLinears(nn.Module):
         self.lm_head = nn.Linear(64, 32, bias=False)
 
 
-@pytest.mark.parametrize("quantization, kinds", [pytest.param("none", (OneDNNLinear, OneDNNLinear),
-                                                              marks=needs_onednn_bf16),
-                                                 ("int8", (Int8Linear, Int8Linear)),
-                                                 ("int4", (Int4Linear, Int8Linear))])
-def test_pack_weights_swaps_every_linear_and_keeps_the_head_at_int8(quantization, kinds):
-    model = pack_weights(TwoLinears(), torch.bfloat16, quantization, "cpu")
+@pytest.mark.parametrize("dtype, quantization, kinds", [
+    pytest.param(torch.bfloat16, "none", (OneDNNLinear, OneDNNLinear), marks=needs_onednn_bf16),
+    pytest.param(torch.float32, "none", (OneDNNLinear, OneDNNLinear), marks=needs_onednn_fp32),
+    (torch.bfloat16, "int8", (Int8Linear, Int8Linear)), (torch.bfloat16, "int4", (Int4Linear, Int8Linear))])
+def test_pack_weights_swaps_every_linear_and_keeps_the_head_at_int8(dtype, quantization, kinds):
+    model = pack_weights(TwoLinears(), dtype, quantization, "cpu")
     assert (type(model.proj), type(model.lm_head)) == kinds
 
 
-def test_fp32_keeps_plain_linears():
-    model = pack_weights(TwoLinears(), torch.float32, "none", "cpu")
-    assert type(model.proj) is nn.Linear
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_plain_keeps_nn_linear_for_inductor_and_training(dtype):
+    model = pack_weights(TwoLinears(), dtype, "none", "cpu", plain=True)
+    assert type(model.proj) is nn.Linear and type(model.lm_head) is nn.Linear
+    assert type(pack_weights(TwoLinears(), dtype, "none", "meta").proj) is nn.Linear       # CPU only
 
 
 @pytest.mark.parametrize("kwargs, fragment", [(dict(quantization="int8", dtype="float32"), "--dtype bfloat16"),
@@ -132,14 +148,22 @@ def test_a_missing_weight_kernel_falls_back_to_the_same_outputs(monkeypatch, cap
     assert capsys.readouterr().err.count("does not run on this CPU") == 1       # said once, not per layer
 
 
-def test_bf16_without_onednn_keeps_plain_linears_with_the_same_outputs(monkeypatch):
-    model = TwoLinears().to(torch.bfloat16).requires_grad_(False)
-    x = torch.randn(3, 64).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype, capability", [(torch.bfloat16, "onednn_bf16"), (torch.float32, "onednn_fp32")])
+def test_without_onednn_linears_stay_plain_with_the_same_outputs(monkeypatch, capsys, dtype, capability):
+    model = TwoLinears().to(dtype).requires_grad_(False)
+    x = torch.randn(3, 64).to(dtype)
     reference = model.proj(x).float()
-    pretend_missing(monkeypatch, "onednn_bf16")
-    packed = pack_weights(model, torch.bfloat16, "none", "cpu")
+    pretend_missing(monkeypatch, capability)
+    packed = pack_weights(model, dtype, "none", "cpu")
     assert type(packed.proj) is nn.Linear and type(packed.lm_head) is nn.Linear
     assert torch.equal(packed.proj(x).float(), reference)
+    assert capabilities.NEEDS[capability] in capsys.readouterr().err
+
+
+def test_bf16_linear_without_onednn_is_plain(monkeypatch):
+    model = TwoLinears().to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    pretend_missing(monkeypatch, "onednn_bf16")
     head = bf16_linear(model.lm_head.weight.float())
     assert type(head) is nn.Linear and head.weight.dtype == torch.bfloat16
     assert relative_error(head(x), x.float() @ model.lm_head.weight.float().T) < BOUNDS[OneDNNLinear]
@@ -148,9 +172,14 @@ def test_bf16_without_onednn_keeps_plain_linears_with_the_same_outputs(monkeypat
 def test_the_start_up_words_name_the_path_each_capability_gives(monkeypatch):
     assert "oneDNN packed" in capabilities.linear_path(torch.bfloat16, "none", "cpu") or \
         not capabilities.cpu_capabilities().onednn_bf16
+    assert capabilities.linear_path(torch.float32, "none", "cpu") == "fp32 oneDNN packed" or \
+        not capabilities.cpu_capabilities().onednn_fp32
     pretend_missing(monkeypatch, "onednn_bf16", "int8_kernel")
     assert capabilities.linear_path(torch.bfloat16, "none", "cpu") == "bf16 plain matmul (no oneDNN bf16 here)"
     assert capabilities.linear_path(torch.bfloat16, "int8", "cpu") == "int8 dequantized per call, bf16 activations"
     assert capabilities.linear_path(torch.bfloat16, "none", "cpu", compiled=True) == "bf16 inductor-compiled"
-    assert capabilities.describe_kernels(torch.float32, "none", "cpu").startswith("fp32, linears: fp32 PyTorch matmul (CPU ")
+    pretend_missing(monkeypatch, "onednn_bf16", "onednn_fp32")
+    assert capabilities.describe_kernels(torch.float32, "none", "cpu").startswith(
+        "fp32, linears: fp32 plain matmul (no oneDNN fp32 here) (CPU ")
+    assert capabilities.linear_path(torch.float16, "none", "cpu") == "fp16 PyTorch matmul"
     assert capabilities.compute_dtype("auto", "cpu") == torch.float32       # no oneDNN bf16: no native bf16 either

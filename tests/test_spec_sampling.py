@@ -96,7 +96,7 @@ class Setup:
         self.speculative = {"ngram": NGRAM, "draft_same": f"draft:{self.target_path}",
                             "draft_near": f"draft:{near_path}", "layer_skip": "layer_skip:1", "suffix": "suffix",
                             "lookahead": "lookahead:3,3,3"}
-        model = build_model(self.target, torch.float32, "cpu", 128)
+        model = build_model(self.target, torch.float32, "cpu", 128, plain=True)    # trains heads
         self.runner = ModelRunner(model, num_blocks=256 * 32, block_size=BLOCK_SIZE, dtype=torch.float32)
         self.prompt, self.ngram_acceptance = self.ngram_friendly_prompt()
         texts = greedy_texts(model, [self.prompt[:length] for length in (4, 8, len(self.prompt))], max_tokens=24)

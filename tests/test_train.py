@@ -13,6 +13,7 @@ from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
 from specwise.errors import ConfigError, InputError
 from specwise.models.attention import AttentionMetadata, CachedGroup, PrefillChunk, step_metadata
+from specwise.models.checkpoints.loader import build_model
 from specwise.models.checkpoints.drafter import load_drafter
 from specwise.models.heads.eagle import EagleHead
 from specwise.models.heads.eagle3 import default_aux_layers
@@ -81,11 +82,17 @@ def engine(target):
     return LLMEngine(EngineConfig(dtype="float32", num_kv_blocks=128, block_size=4, max_model_len=96), target)
 
 
-def test_unrolled_eagle_chain_matches_the_paged_head(engine, target):
+@pytest.fixture(scope="module")
+def trained_target(engine, target):
+    """The target as build_objective gives it to an objective: an fp32 copy with plain nn.Linear layers."""
+    return build_model(target, torch.float32, "cpu", engine.max_model_len, plain=True)
+
+
+def test_unrolled_eagle_chain_matches_the_paged_head(engine, trained_target):
     """The training graph's step-j feature equals the engine-style paged head fed its own predictions."""
     corpus, sequence = one_sequence_corpus(engine, [256, 72, 105, 33, 32])
     torch.manual_seed(0)
-    objective = EagleObjective(engine.model, {}, torch.arange(258), init_from_target=True)
+    objective = EagleObjective(trained_target, {}, torch.arange(258), init_from_target=True)
     head = objective.module.eval()
     batch = make_batch(corpus, [0])
     start = 8                                              # chain t = 8: true pairs 0..8, then predicted ones
@@ -112,7 +119,7 @@ def test_unrolled_eagle_chain_matches_the_paged_head(engine, target):
             assert torch.allclose(predicted, unrolled[step - 1], atol=1e-5), step
 
 
-def test_unrolled_eagle3_chain_matches_the_paged_head(engine, target):
+def test_unrolled_eagle3_chain_matches_the_paged_head(engine, trained_target):
     """EAGLE-3's training graph, step by step, equals the paged head fed its own un-normed outputs."""
     prompt = [256, 72, 105, 33, 32]
     engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24), request_id="seq3")
@@ -123,7 +130,7 @@ def test_unrolled_eagle3_chain_matches_the_paged_head(engine, target):
     layers = default_aux_layers(engine.model.config.num_hidden_layers)
     corpus = record_features(engine.model, torch.float32, [sequence], [len(prompt)], [True], [0], ["only"], layers)
     torch.manual_seed(0)
-    objective = Eagle3Objective(engine.model, {}, torch.arange(258), layers)
+    objective = Eagle3Objective(trained_target, {}, torch.arange(258), layers)
     head = objective.module.eval()
     for param in head.parameters():                        # a random head: every tensor matters
         torch.nn.init.normal_(param, mean=1.0 if param.dim() == 1 else 0.0, std=0.1)
@@ -152,9 +159,9 @@ def test_unrolled_eagle3_chain_matches_the_paged_head(engine, target):
             assert torch.allclose(normed[0], unrolled[step - 1], atol=1e-5), step
 
 
-def test_draft_chains_of_the_target_itself_are_its_greedy_continuation(engine):
+def test_draft_chains_of_the_target_itself_are_its_greedy_continuation(engine, trained_target):
     corpus, sequence = one_sequence_corpus(engine, [256, 72, 101, 108, 108, 111])
-    objective = DraftObjective(engine.model, engine.tokenizer, torch.arange(258), num_layers=2)
+    objective = DraftObjective(trained_target, engine.tokenizer, torch.arange(258), num_layers=2)
     assert objective.kept_layers == [0, 1]
     drafts = objective.chain_drafts(make_batch(corpus, [0], with_features=False), 4, first_chain=3)
     target_next = corpus.target_next.tolist()

@@ -21,7 +21,7 @@ class TargetModel:
 
 
 def build_target(config: EngineConfig, checkpoint: Checkpoint | None = None, for_compile: bool = False) -> TargetModel:
-    """for_compile: bf16 linears left plain for inductor to pack (loader.build_model's `compiled`)."""
+    """for_compile: unquantized linears left nn.Linear for inductor to pack (loader.build_model's `plain`)."""
     dtype = compute_dtype(config.dtype, config.device)
     checkpoint = checkpoint or load_checkpoint(config.model, dtype)
     max_model_len = min(config.max_model_len, checkpoint.config.max_position_embeddings)

@@ -12,25 +12,6 @@ from specwise.models.attention import attention
 from specwise.models.config import ModelConfig
 from specwise.models.rope import RotaryEmbedding, apply_rotary
 
-_ONEDNN_LINEAR = hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
-
-
-class Linear(nn.Linear):
-    """nn.Linear, through oneDNN's kernel for fp32 on CPU.
-
-    On AVX2-only CPUs MKL's skinny matmuls (a few rows of activations against a large
-    weight, i.e. decoding) measured 1.3-1.7x slower than oneDNN's at batch 16-64 here.
-    That kernel has no backward, so training a drafter (grad enabled) takes nn.Linear's path, and so
-    does a compiled forward: inductor picks and prepacks the kernel itself (see compile/graphs.py).
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        onednn = _ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or not onednn:
-            return super().forward(x)
-        # [..., in_features] -> [..., out_features]: the kernel folds the leading dims itself
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float):
@@ -52,8 +33,8 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor) -> torch.Tensor:
@@ -70,8 +51,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)
@@ -98,7 +79,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, index) for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,

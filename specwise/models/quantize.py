@@ -3,8 +3,8 @@
 Decoding a few sequences reads every weight once per step, so a step costs about
 weight bytes / memory bandwidth. Each format swaps the model's Linear layers for one of:
 
-  bf16     oneDNN with the weight reordered once into its blocked layout
-           (torch.ops.mkldnn._reorder_linear_weight / _linear_pointwise): 2 bytes a weight
+  fp32     oneDNN with the weight reordered once into its blocked layout
+  bf16     (torch.ops.mkldnn._reorder_linear_weight / _linear_pointwise): 4 or 2 bytes a weight
   int8     per-output-channel symmetric int8 (torch.ops.aten._weight_int8pack_mm): 1 byte
   int4     groups of 32 along the input, asymmetric, tinygemm layout
            (torch.ops.aten._weight_int4pack_mm_for_cpu): half a byte plus a scale and zero per group;
@@ -14,7 +14,7 @@ int8 and int4 run with bfloat16 activations: with fp32 activations these kernels
 to scalar code, 3-100x slower than fp32 matmuls (measured on an AVX-512 CPU, torch 2.13).
 
 Where a kernel does not run on this CPU (capabilities.py probes each once), the layer takes a path
-that works everywhere: bf16 layers stay plain nn.Linear; int8 and int4 layers keep their weights
+that works everywhere: fp32 and bf16 layers stay plain nn.Linear; int8 and int4 layers keep their weights
 unpacked and dequantize them at each call (the same numbers as the kernel, within bf16 rounding).
 
 Worked example (int4, one group of 4 for brevity): weights [0.1, 0.5, -0.3, 0.2] ->
@@ -36,11 +36,12 @@ INT4_GROUP_SIZE = 32
 
 
 class OneDNNLinear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
-        self.weight_bytes = weight.numel() * 2                             # the packed copy is not a buffer
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous(), 1)
-        self.bias = None if bias is None else bias.to(torch.bfloat16)
+        self.weight_bytes = weight.numel() * dtype.itemsize                 # the packed copy is not a buffer
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(),
+                                                              capabilities.ONEDNN_BATCH_HINT[dtype])
+        self.bias = None if bias is None else bias.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [..., in_features] -> [..., out_features]: the kernel folds the leading dims itself
@@ -107,31 +108,31 @@ class Int4Linear(nn.Module):
 
 
 def pack_weights(model: nn.Module, dtype: torch.dtype, quantization: str, device: str,
-                 compiled: bool = False) -> nn.Module:
-    """Swap the Linear layers of a loaded model for the kernels of its weight format (CPU only;
-    fp32 and other devices keep plain nn.Linear). `compiled`: bf16 layers stay plain, LM head included, for
-    inductor to pack (models/compile/graphs.py compiles the forward and the LM head)."""
+                 plain: bool = False) -> nn.Module:
+    """Swap the Linear layers of a loaded model for the kernels of its weight format (CPU only; other
+    devices and dtypes keep plain nn.Linear). `plain`: unquantized layers stay nn.Linear, LM head included, for
+    inductor to pack (models/compile/graphs.py compiles the forward and the LM head) or for training."""
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     if quantization != "none" and dtype != torch.bfloat16:
         raise ConfigError(f"{quantization} weights run with bfloat16 activations on CPU: use --dtype bfloat16")
-    if device != "cpu" or (dtype != torch.bfloat16 and quantization == "none"):
+    kernel = capabilities.ONEDNN_KERNEL.get(dtype)
+    # unquantized: packed for oneDNN where this CPU runs its kernel for the dtype, else nn.Linear as inductor gets it
+    if device != "cpu" or (quantization == "none" and (plain or kernel is None or not _has_kernel(kernel))):
         return model
-    # bf16 without oneDNN's kernel on this CPU: plain nn.Linear, as inductor gets it
-    left_plain = quantization == "none" and (compiled or not _has_kernel("onednn_bf16"))
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and not left_plain:
-                setattr(parent, name, _packed(child, quantization, is_head=name == "lm_head"))
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, _packed(child, dtype, quantization, is_head=name == "lm_head"))
     return model
 
 
-def _packed(linear: nn.Linear, quantization: str, is_head: bool) -> nn.Module:
+def _packed(linear: nn.Linear, dtype: torch.dtype, quantization: str, is_head: bool) -> nn.Module:
     if quantization == "int4" and not is_head:
         return Int4Linear(linear.weight, linear.bias)
     if quantization in ("int4", "int8"):
         return Int8Linear(linear.weight, linear.bias)
-    return OneDNNLinear(linear.weight, linear.bias)
+    return OneDNNLinear(linear.weight, linear.bias, dtype)
 
 
 def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:

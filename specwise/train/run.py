@@ -69,8 +69,8 @@ def prepare(config: TrainConfig, checkpoint: Checkpoint | None = None) -> Prepar
 
 
 def build_objective(config: TrainConfig, prepared: Prepared):
-    # an fp32 copy with plain nn.Linear layers: the engine's may be packed for its kernels (quantize.py)
-    target = build_model(prepared.checkpoint, torch.float32, "cpu", prepared.engine.max_model_len)
+    # an fp32 copy with plain nn.Linear layers (a packed kernel has no backward): the engine's may be packed
+    target = build_model(prepared.checkpoint, torch.float32, "cpu", prepared.engine.max_model_len, plain=True)
     signature = target_signature(target.config, prepared.engine.tokenizer)
     corpus = prepared.corpus
     train_rows = torch.cat([corpus.target_next[corpus.rows(s)] for s in corpus.split(False)])

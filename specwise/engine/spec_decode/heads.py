@@ -26,7 +26,7 @@ from specwise.engine.spec_decode.context import ProposerContext
 from specwise.errors import ConfigError
 from specwise.models.checkpoints.drafter import DrafterConfig, load_drafter
 from specwise.models.heads.builtin import find_builtin_head
-from specwise.models.llama import LlamaForCausalLM, Linear
+from specwise.models.llama import LlamaForCausalLM
 from specwise.models.quantize import pack_weights
 
 OUTSIDE_MARGIN = 1e4        # how far below the draft vocabulary's lowest logit every other token sits
@@ -65,7 +65,7 @@ class DraftLMHead:
         if draft_vocab is not None:
             self.draft_vocab = torch.tensor(draft_vocab, device=context.device)                # [A]
             rows = lm_head_rows(model, self.draft_vocab, context.dtype, context.device)        # [A, hidden]
-            linear = Linear(rows.shape[1], rows.shape[0], bias=False, device=context.device, dtype=context.dtype)
+            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=context.device, dtype=context.dtype)
             linear.weight = nn.Parameter(rows, requires_grad=False)
             self.rows = pack_weights(nn.Sequential(linear), context.dtype, "none", context.device)
 

@@ -68,13 +68,14 @@ def is_gguf(path: Path) -> bool:
 
 
 def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: str, max_positions: int,
-                quantization: str = "none", compiled: bool = False) -> LlamaForCausalLM:
+                quantization: str = "none", plain: bool = False) -> LlamaForCausalLM:
     """Allocate without random init (meta device), load weights, compute the rope tables, then
-    pack the weights in their format (see quantize.py; `compiled`: for a compiled forward)."""
+    pack the weights in their format (see quantize.py; `plain`: unquantized linears left nn.Linear, for a
+    compiled forward or for training)."""
     config = checkpoint.config
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions)
     model = model.to_empty(device=device).to(dtype)
     model.load_weights({name: tensor.to(dtype) for name, tensor in checkpoint.weights.items()})
     model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling).to(device)
-    return pack_weights(model.eval().requires_grad_(False), dtype, quantization, device, compiled)
+    return pack_weights(model.eval().requires_grad_(False), dtype, quantization, device, plain)

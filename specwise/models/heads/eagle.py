@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from specwise.models.config import ModelConfig
-from specwise.models.llama import DecoderLayer, Linear, RMSNorm
+from specwise.models.llama import DecoderLayer, RMSNorm
 from specwise.models.rope import RotaryEmbedding
 
 
@@ -34,7 +34,7 @@ class EagleHead(nn.Module):
         super().__init__()
         self.config = config                      # the target's: the layer has its shapes
         hidden = config.hidden_size
-        self.fc = Linear(2 * hidden, hidden, bias=False)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         self.layer = DecoderLayer(config, 0)        # layer 0 of its own KV cache
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from specwise.models.config import ModelConfig
-from specwise.models.llama import MLP, Attention, Linear, RMSNorm
+from specwise.models.llama import MLP, Attention, RMSNorm
 from specwise.models.rope import RotaryEmbedding
 
 NUM_AUX_LAYERS = 3
@@ -47,7 +47,7 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)           # on the fed hidden state
         self.self_attn = Attention(config, 0)                             # layer 0 of its own KV cache
         qkv_size = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
-        self.self_attn.qkv_proj = Linear(2 * hidden, qkv_size, bias=config.attention_bias)
+        self.self_attn.qkv_proj = nn.Linear(2 * hidden, qkv_size, bias=config.attention_bias)
         self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps)
         self.mlp = MLP(config)
 
@@ -64,7 +64,7 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.config = config
         hidden = config.hidden_size
-        self.fc = Linear(NUM_AUX_LAYERS * hidden, hidden, bias=False)
+        self.fc = nn.Linear(NUM_AUX_LAYERS * hidden, hidden, bias=False)
         self.layer = Eagle3Layer(config)
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,

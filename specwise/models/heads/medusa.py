@@ -15,13 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specwise.models.llama import Linear
 
 
 class ResidualBlock(nn.Module):
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.linear = Linear(hidden_size, hidden_size, bias=True)
+        self.linear = nn.Linear(hidden_size, hidden_size, bias=True)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
