@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-
 class ResidualBlock(nn.Module):
     def __init__(self, hidden_size: int):
         super().__init__()
