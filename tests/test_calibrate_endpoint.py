@@ -265,20 +265,18 @@ def test_the_count_probe_by_hand():
         SweepDesign(count_probes=2)
 
 
-def test_what_the_sweeps_steps_paid_for_new_counts_by_hand():
-    """counts.py `paid`'s worked example, memory 4: the sweep's order walked through the server's memory,
-    each wave's prompts prefilled together (in chunks past the budget), then its decode count."""
+def test_what_the_prefill_probes_paid_for_new_counts_by_hand():
+    """counts.py `paid`'s worked example, memory 4: the probes' counts walked in order through the server's
+    memory, each request its prompt's chunks."""
     cost = CountCost(0.01, 4, True, 20, 0.001)
     prompt = lambda n, error=None: record(0, 0, 0.1, 0.01, 1, prompt=n, error=error)
-    probe_costs, wave_costs = paid([[prompt(16), prompt(16)]], [prompt(40), prompt(42)],
-                                   [(32.0, 1.0), (64.0, 2.0), (32.0, 1.0), (80.0, None)], cost, budget=None)
-    assert probe_costs == [[0.01, 0.0]] and wave_costs == [0.01, 0.01, 0.0, 0.0]
-    # a budget of 40: the 80-token wave prefills in two chunks of 40, one count; a failed request ran nothing
-    _, wave_costs = paid([[prompt(16, error="boom")]], [], [(80.0, 40.0), (16.0, 1.0)], cost, budget=40)
-    assert wave_costs == [0.0, 0.01]
-    # a drafting wave's mean rows a step, 4 x 2.6: its count 10
-    _, wave_costs = paid([], [], [(40.0, 10.4), (40.0, 9.8)], cost, budget=None)
-    assert wave_costs == [0.01, 0.0]
+    assert paid([[prompt(16), prompt(16)], [prompt(16), prompt(32), prompt(16)]], cost, budget=None) == \
+        [[0.01, 0.0], [0.0, 0.01, 0.0]]
+    # five counts since 10 ran: forgotten, paid again; a failed request ran nothing
+    assert paid([[prompt(n) for n in (10, 20, 30, 40, 50, 10)], [prompt(60, error="boom"), prompt(20)]], cost,
+                budget=None) == [[0.01] * 6, [0.0, 0.01]]
+    # a budget of 40: an 80-token prompt is two chunks of 40, one count; 100 is 40, 40, 20
+    assert paid([[prompt(80), prompt(100)]], cost, budget=40) == [[0.01, 0.01]]
 
 
 def test_a_sweep_too_short_to_fit_is_refused_in_one_line(servers, tmp_path, capsys):
@@ -369,18 +367,19 @@ def record(index: int, send: float, ttft: float, gap: float, chunks: int, prompt
 
 def test_a_wave_by_hand():
     """4 requests sent at 0, prefilled in one step (first tokens all at 0.1 s), then 40 ms steps: the
-    window runs from 0.1 s to the first finish; KV = 4 x (100 + the tokens made mid-window - 1), and
+    window runs from the step after 0.1 s (the first of four decodes, left out) to the first finish; KV =
+    4 x (100 + the tokens made mid-window - 1), and
     each decode row attends to its cache and itself: attention pairs = KV + 4."""
     records = [record(i, 0.0, 0.1, 0.04, 30) for i in range(4)]
     steps = wave_steps(records, 4)
     assert steps.decode.seconds == pytest.approx(0.04)
-    assert steps.decode.tokens == 4 and steps.window_steps == 29
-    assert steps.decode.kv_tokens == pytest.approx(4 * (100 + (1 + 30) / 2 - 1))
-    assert steps.decode.pairs == pytest.approx(4 * (100 + (1 + 30) / 2 - 1) + 4)
-    # staggered prefill: the window starts at the last first token
+    assert steps.decode.tokens == 4 and steps.window_steps == 28
+    assert steps.decode.kv_tokens == pytest.approx(4 * (100 + (2 + 30) / 2 - 1))
+    assert steps.decode.pairs == pytest.approx(4 * (100 + (2 + 30) / 2 - 1) + 4)
+    # staggered prefill: the window starts a step after the last first token
     late = [record(i, 0.0, 0.1 + 0.04 * i, 0.04, 30) for i in range(4)]
     staggered = wave_steps(late, 4)
-    assert staggered.window_steps == 26
+    assert staggered.window_steps == 25
     assert staggered.decode.seconds == pytest.approx(0.04)
     # a lost request breaks the lockstep: no sample
     assert wave_steps(records[:3], 4).decode is None
@@ -388,14 +387,15 @@ def test_a_wave_by_hand():
 
 def test_a_speculating_wave_by_hand():
     """Each request drafted 3 tokens a step over 10 decode steps and accepted 10 of 30: 21 tokens in
-    11 chunks (the first from the prefill), rows 1 + 30 / 10 = 4 a step. Mid-window (0.35 s) each had
-    made 11 tokens: 100 + 11 - 1 = 110 cached, 4 x 110 + 4 x 5 / 2 = 450 attention pairs. From the
+    11 chunks (the first from the prefill), rows 1 + 30 / 10 = 4 a step. Mid-window (0.375 s: the window runs
+    from the second chunk, at 0.15 s, to the last) each had made 12 tokens: 100 + 12 - 1 = 111 cached,
+    4 x 111 + 4 x 5 / 2 = 454 attention pairs. From the
     server's counters instead (no per-request ones), each request's share of the wave's."""
     own = [record(i, 0.0, 0.1, 0.05, 11, output=21, drafts=10, draft_tokens=30, accepted_tokens=10)
            for i in range(2)]
     steps = wave_steps(own, 2)
     assert steps.decode.seconds == pytest.approx(0.05) and steps.decode.tokens == pytest.approx(8)
-    assert steps.decode.kv_tokens == pytest.approx(2 * 110) and steps.decode.pairs == pytest.approx(2 * 450)
+    assert steps.decode.kv_tokens == pytest.approx(2 * 111) and steps.decode.pairs == pytest.approx(2 * 454)
     shared = [record(i, 0.0, 0.1, 0.05, 11, output=21) for i in range(2)]
     assert wave_steps(shared, 2, drafts=(60, 20)).decode.tokens == pytest.approx(8)
 

@@ -9,9 +9,10 @@ or one whose fit misses its own steps by more than MAX_MEDIAN_RESIDUAL, is refus
 swept is kept then (PROFILE.refused.json, no fit in it), for `calibrate --refit` with other fit options.
 
 Each endpoint's count probe (counts.py) says what a step of a token count the server has not run
-lately costs it, and how many counts it keeps: it comes off the prefill probes' TTFTs and the waves'
-decode steps that paid it before the fit, the profile keeps it beside the fit, the simulator charges it (--no-count-cost: none
-of that, the sweep fitted as if the probe had not run).
+lately costs it, and how many counts it keeps: it comes off the prefill probes' TTFTs before the fit (the
+waves' decode windows leave out the one step of a wave that may pay it, samples.py), the profile keeps it
+beside the fit, the simulator charges it (--no-count-cost: none of that, the sweep fitted as if the probe
+had not run).
 
 A prompt longer than the server's token budget is prefilled in chunks, a step each (samples.py
 `prefill_sample`): the budget comes from --max-num-batched-tokens, else from the server where it says
@@ -38,7 +39,7 @@ from specwise.bench.calibrate.counts import CountCost, count_cost, paid
 from specwise.bench.calibrate.samples import prefill_sample
 from specwise.bench.calibrate.sweep import Probe, Sweep, SweepDesign, Wave, regroup, run_sweep, wave_tag
 from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoint
-from specwise.bench.results import RequestRecord, read_records_file
+from specwise.bench.results import read_records_file
 from specwise.engine.cost.kv_reads import KVReads
 from specwise.engine.cost.step_fit import Fit, FitOptions, fit
 from specwise.engine.cost.step_profile import PLAIN_ENDPOINT, PROFILE_FORMAT
@@ -191,8 +192,7 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
     # sequence at batch 1, 7-12 at 4) cannot, so its fit takes the plain server's knee
     def endpoint_fit(name: str, knee: float | None = None) -> Fit:
         return _fit(name, [w for w in sweep.waves if w.endpoint == name],
-                    [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads, knee,
-                    sweep.counts.get(name))
+                    [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads, knee)
 
     fits = {PLAIN_ENDPOINT: endpoint_fit(PLAIN_ENDPOINT)}
     fits |= {name: endpoint_fit(name, fits[PLAIN_ENDPOINT].cost.min_tokens) for name in urls if name != PLAIN_ENDPOINT}
@@ -242,22 +242,15 @@ def _count_cost(name: str, records) -> CountCost | None:
 
 def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions | None = None,
          counts: CountCost | None = None, budget: int | None = None, reads: KVReads | None = None,
-         knee: float | None = None, probed: list[RequestRecord] | None = None) -> Fit:
-    """The endpoint's fit; with a count cost (its count probe's records `probed`), its steps less what their
-    new counts cost (counts.py `paid`); knee: the small-batch knee to fit with (None: looked for)."""
-    decodes = [wave.steps.decode if wave.steps else None for wave in waves]
+         knee: float | None = None) -> Fit:
+    """The endpoint's fit; with a count cost, its prefill probes less what their new counts cost (counts.py
+    `paid`); knee: the small-batch knee to fit with (None: looked for)."""
+    decodes = [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode]
     if counts and counts.new_count_s:
-        shapes = [(float(sum(r.prompt_tokens for r in wave.records)), decode and decode.tokens)
-                  for wave, decode in zip(waves, decodes)]
-        probe_costs, wave_costs = paid([probe.records for probe in probes], probed or [], shapes, counts, budget)
         probes = [dataclasses.replace(probe, sample=prefill_sample(probe.records, budget, cost, reads))
-                  for probe, cost in zip(probes, probe_costs)]
-        # a window's mean step less its share of what its first step paid
-        decodes = [dataclasses.replace(decode, seconds=decode.seconds - cost / wave.steps.window_steps)
-                   if decode and cost else decode for wave, decode, cost in zip(waves, decodes, wave_costs)]
-        print(f"endpoint {name}: the steps below are less what their new token counts cost (the prefill probes' "
-              f"and the first decode step of each wave whose count was new)")
-    samples = [decode for decode in decodes if decode] + [probe.sample for probe in probes if probe.sample]
+                  for probe, cost in zip(probes, paid([probe.records for probe in probes], counts, budget))]
+        print(f"endpoint {name}: the prefill probes below are less what their new token counts cost")
+    samples = decodes + [probe.sample for probe in probes if probe.sample]
     dropped = sum(1 for wave in waves if not wave.steps or wave.steps.decode is None)
     try:
         result = fit(samples, options, reads, knee)

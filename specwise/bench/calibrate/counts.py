@@ -151,27 +151,12 @@ def _noise(*runs: np.ndarray) -> float:
     return MEDIAN_SE * sigma * float(np.sqrt(sum(1 / len(run) for run in runs)))
 
 
-def paid(probes: list[list[RequestRecord]], probed: list[RequestRecord], waves: list[tuple[float, float | None]],
-         cost: CountCost, budget: int | None) -> tuple[list[list[float]], list[float]]:
-    """What the sweep's timed steps paid for token counts the server had not run lately, its memory of
-    counts walked in the order the sweep ran them: the prefill probes (each request its prompt's chunks),
-    the count probe `probed` (each request one step of its prompt), then the waves, each given as (its
-    prompts' tokens, its decode step's tokens or None): the prompts prefilled together within the budget,
-    then decode steps of one count, the first of them inside the wave's window. Returns (for each prefill
-    probe's requests, in send order, the seconds each paid; for each wave, what its window's first step
-    paid). Worked example, memory 4: a probe of two 16-token prompts pays for the first; a count probe of
-    40 and 42; a wave of one 32-token prompt pays for its decode count 1 (16, 40, 42 and 32 ran before it);
-    one of two 32-token prompts pays for 2 (its prefill of 64 puts 40 out); a wave of one 32-token prompt
-    again pays nothing (32 and 1 are among the last four: 32, 1, 64, 2)."""
+def paid(probes: list[list[RequestRecord]], cost: CountCost, budget: int | None) -> list[list[float]]:
+    """What the prefill probes' requests paid for token counts the server had not run lately, its memory of
+    counts walked in the order they ran (each request its prompt's chunks): for each probe's requests, in
+    send order, the seconds each paid. The sweep's waves pay nothing that their decode windows hold: a wave's
+    first step of its batch's count is left out of its window (samples.py). Worked example, memory 4: a
+    probe of two 16-token prompts pays for the first; then one of 16, 32 and 16 pays for 32 only."""
     recent = RecentCounts(cost.new_count_s, cost.memory)
-    probe_costs = [[sum(recent.cost(chunk) for chunk in prompt_chunks(float(r.prompt_tokens), budget)[0])
-                    if not r.error else 0.0 for r in records] for records in probes]
-    for r in probed:
-        if not r.error:
-            recent.cost(float(r.prompt_tokens))
-    wave_costs = []
-    for prompts, decode in waves:
-        for chunk in prompt_chunks(prompts, budget)[0]:
-            recent.cost(chunk)
-        wave_costs.append(recent.cost(float(round(decode))) if decode else 0.0)
-    return probe_costs, wave_costs
+    return [[sum(recent.cost(chunk) for chunk in prompt_chunks(float(r.prompt_tokens), budget)[0])
+             if not r.error else 0.0 for r in records] for records in probes]

@@ -10,10 +10,16 @@ one step apart:
 
     step seconds = (last chunk time - first chunk time) / steps between them   (per request)
 
-pooled over the wave's requests (sums of spans over sums of steps). A chunk is one step; without
-speculation, where a chunk carries its token count (continuous usage), a server that merged two
-steps' tokens into one chunk is seen, and steps are counted as tokens. Chunk arrival times carry
-transport jitter; only the two ends of each span do, so a window of N steps errs by jitter / N.
+pooled over the wave's requests (sums of spans over sums of steps). The spans start at the chunk of the
+first step after t0, not at t0's: that step, the wave's first of `batch_size` decodes, is left out,
+since its token count may be one the server had not run lately and paid to build kernels for
+(counts.py), and it starts where the window's edge lies: which requests' spans took it in turned on
+timestamps half a step apart (the client reads the wave's streams one after another), so that taking
+its cost off the window's mean, as an earlier design did, took it off spans that never had it (one
+timestamp 15 ms late in a recorded sweep moved the fitted cost per logits row by 20%). A chunk is one
+step; without speculation, where a chunk carries its token count (continuous usage), a server that
+merged two steps' tokens into one chunk is seen, and steps are counted as tokens. Chunk arrival times
+carry transport jitter; only the two ends of each span do, so a window of N steps errs by jitter / N.
 
 What a step computed, from each request's counters: rows = 1 + draft rows (drafted tokens per
 decode step of that request: its draft_tokens / (output - 1 - accepted); 0 without speculation),
@@ -45,7 +51,7 @@ from specwise.engine.cost.kv_reads import KVReads
 from specwise.engine.cost.linear_cost import StepShape
 from specwise.engine.cost.step_fit import StepSample
 
-EDGE = 0.5                  # a chunk within half a step of t0 or t1 counts as inside the window
+EDGE = 0.5                  # a chunk half a step past t0, or within half a step of t1, is inside the window
 MIN_WINDOW_STEPS = 3
 
 
@@ -74,18 +80,20 @@ def _decode(done: list[RequestRecord], drafts, reads: KVReads | None) -> tuple[S
     first = [r.send_time + r.chunk_times[0] for r in done]
     last = [r.send_time + r.chunk_times[-1] for r in done]
     t0, t1 = max(first), min(last)
-    spans, steps, rows_fed, cached, estimates, trajectories = 0.0, 0.0, [], [], [], []
+    spans, steps, rows_fed, cached, estimates, trajectories, starts = 0.0, 0.0, [], [], [], [], []
     for r in done:
         times = np.asarray(r.chunk_times) + r.send_time
         emitted, rows = _per_step(r, drafts, len(done))
         # tokens made up to each chunk: counted by the server, else the first 1 and then a step's worth each
         made = np.cumsum(r.chunk_tokens) if r.chunk_tokens else 1 + np.arange(len(times)) * emitted
         rows_fed.append(rows)
-        # cached mid-window: all it has but the step's input token
-        cached.append(r.prompt_tokens + float(np.interp((t0 + t1) / 2, times, made)) - 1)
         trajectories.append((times, r.prompt_tokens - 1 + made))
         gap = float(np.median(np.diff(times)))
-        inside = np.flatnonzero((times >= t0 - EDGE * gap) & (times <= t1 + EDGE * gap))
+        # from the chunk of the first step after t0 (the wave's first step of batch_size decodes left out)
+        inside = np.flatnonzero((times >= t0 + EDGE * gap) & (times <= t1 + EDGE * gap))
+        middle = (times[inside[0]] + times[inside[-1]]) / 2 if len(inside) >= 2 else (t0 + t1) / 2
+        # cached mid-window: all it has but the step's input token
+        cached.append(r.prompt_tokens + float(np.interp(middle, times, made)) - 1)
         if len(inside) < 2:
             continue
         a, b = inside[0], inside[-1]
@@ -96,6 +104,7 @@ def _decode(done: list[RequestRecord], drafts, reads: KVReads | None) -> tuple[S
             spans += times[b] - times[a]
             steps += count
             estimates.append((times[b] - times[a]) / count)
+            starts.append(times[a])
     if steps < MIN_WINDOW_STEPS * len(done) or not estimates:
         return None, int(steps / max(len(done), 1)), 0.0
     seconds = spans / steps
@@ -105,7 +114,7 @@ def _decode(done: list[RequestRecord], drafts, reads: KVReads | None) -> tuple[S
     if reads is not None:
         # a padded read jumps a block as a context crosses one: its padding averaged over the window's steps
         # (each request's cache at each step's time), not read at the middle one
-        at = np.linspace(t0, t1, max(window, 2))
+        at = np.linspace(float(np.median(starts)), t1, max(window, 2))
         caches = np.array([np.interp(at, times, cache) for times, cache in trajectories])     # [requests, steps]
         padding = float(np.mean([reads.padding(rows_fed, caches[:, j]) for j in range(len(at))]))
         shape = dataclasses.replace(shape, kv_tokens=shape.kv_tokens + padding,
