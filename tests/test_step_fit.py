@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from specwise.engine.cost.linear_cost import LinearStepCost, RecentCounts, StepShape
+from specwise.engine.cost import step_fit
 from specwise.engine.cost.step_fit import FitOptions, StepSample, fit, grid_samples
 from specwise.engine.cost.step_profile import load_step_cost
 from specwise.errors import ConfigError
@@ -311,6 +312,40 @@ def test_no_knee_where_the_line_holds_down_to_one_token(seed):
     """Noise of +-1% alone lowers the residuals at some knee; the F-test keeps none."""
     assert fit(sweep(seed=seed)).cost.min_tokens == 1
     assert fit(knee_sweep(seed, knee=1.0)).cost.min_tokens == 1
+
+
+# the fake engine of calibrate --endpoint's tests (tests/fake_engine.py): a line down to one token
+FAKE_LINE = {"fixed_s": 0.020, "per_token_s": 5e-4, "per_kv_token_s": 4e-5, "per_logits_row_s": 2e-3,
+             "request_overhead_s": 0.007}
+
+
+def fake_line_sweep(seed: int) -> list[StepSample]:
+    """That test's design (decode waves at batch 1, 2, 4, 8 over 16- and 256-token prompts, prefills of 16,
+    256 and 1,024 tokens) on the fake engine, with 0.3% normal noise, its waves' own on the 2-core machine."""
+    rng = np.random.default_rng(seed)
+    truth = LinearStepCost.from_json(FAKE_LINE)
+    steps = [(decodes(b, 1, p + 8), None, False) for b in (1, 2, 4, 8) for p in (16, 256)]
+    steps += [(StepShape.of(n, 0), 1, True) for n in (16, 256, 1024)]
+    return [StepSample(shape, (float(truth.seconds(shape, rows)) + (truth.request_overhead_s if ttft else 0.0))
+                       * (1 + rng.normal(0, 0.003)), logits_rows=rows, first_token=ttft)
+            for shape, rows, ttft in steps]
+
+
+@pytest.mark.parametrize("seed", [32, 66, 161])
+def test_no_knee_below_a_single_decode_count(seed, monkeypatch):
+    """With one decode count above it (8 here), a knee trades the fixed cost against the cost per logits row,
+    and noise alone places one: these seeds, allowed a knee there, get one of 6.75-7 tokens and a coefficient
+    19-23% off (7 of 300 seeds did: calibrate --endpoint's tests sweep this design four times a CI run). A
+    knee needs two decode counts at or above it: the line comes back, every coefficient within 5%."""
+    keys = ("fixed_s", "per_token_s", "per_kv_token_s", "per_logits_row_s")
+    options = FitOptions(fit_attention_pairs=False)
+    result = fit(fake_line_sweep(seed), options).cost
+    assert result.min_tokens <= 4
+    assert {key: getattr(result, key) for key in keys} == pytest.approx({key: FAKE_LINE[key] for key in keys}, rel=0.05)
+    monkeypatch.setattr(step_fit, "MIN_DECODES_ABOVE", 1)
+    allowed = fit(fake_line_sweep(seed), options).cost
+    assert 6.5 <= allowed.min_tokens < 8
+    assert max(abs(getattr(allowed, key) / FAKE_LINE[key] - 1) for key in keys) > 0.15
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -56,6 +56,9 @@ NUMERIC_ZERO = 1e-9        # a coefficient this small against its column's scale
 KNEE_STEP = 0.25           # the knee's grid, tokens
 MIN_UNDER_KNEE = 2         # samples below a knee, for it to be a level and not one sample's own residual
 MIN_COUNTS_ABOVE = 3       # distinct token counts at or above it, for the line above it
+# distinct decode token counts at or above it: with one, the knee trades the fixed cost against the cost per
+# logits row (a decode's rows are its tokens, a prefill's one), and noise alone places it there
+MIN_DECODES_ABOVE = 2
 KNEE_MIN_SPARE = 3         # samples beyond the coefficients and the knee, for its F-test (_f_95 within 8% from 3)
 
 
@@ -212,21 +215,24 @@ def _small_batch_knee(design: np.ndarray, seconds: np.ndarray, options: FitOptio
     """The knee: the token count below which a step costs as many, chosen by least squares
     on a grid of KNEE_STEP tokens below the largest decode step and the shortest prompt probed (1: none). A
     knee is a candidate only where at least MIN_UNDER_KNEE samples lie below it and MIN_COUNTS_ABOVE
-    distinct token counts at or above it hold the line, and it is kept only where it cuts the squared
-    residuals by more than noise would: an F-test of the one term more at 95%, on at least KNEE_MIN_SPARE
-    spare samples. Else, and with options.small_batch_floor off, 1."""
+    distinct token counts at or above it hold the line, MIN_DECODES_ABOVE of them decodes' (samples not
+    TTFTs), and it is kept only where it cuts the squared residuals by more than noise would: an F-test of
+    the one term more at 95%, on at least KNEE_MIN_SPARE spare samples. Else, and with
+    options.small_batch_floor off, 1."""
     if not options.small_batch_floor:
         return 1.0
     plain = _solve(design, seconds, options)
     per_step = design[:, 1] / design[:, 0]              # a chunked prefill's steps: each about its mean
+    decode = design[:, 4] == 0
     # looked for among the decode steps, below the shortest prompt probed: where it would floor a prefill, it
     # would bend the prefill's line, which the attention pairs are for
-    highest = min(per_step[design[:, 4] == 0].max(initial=1.0), per_step[design[:, 4] == 1].min(initial=np.inf))
+    highest = min(per_step[decode].max(initial=1.0), per_step[~decode].min(initial=np.inf))
     plain_error = _squared_error(plain[2], seconds)
     best, best_kept, best_error = 1.0, plain[0], plain_error
     for knee in np.arange(1.0 + KNEE_STEP, highest, KNEE_STEP):
         if (np.sum(per_step < knee) < MIN_UNDER_KNEE
-                or len(np.unique(per_step[per_step >= knee])) < MIN_COUNTS_ABOVE):
+                or len(np.unique(per_step[per_step >= knee])) < MIN_COUNTS_ABOVE
+                or len(np.unique(per_step[decode & (per_step >= knee)])) < MIN_DECODES_ABOVE):
             continue
         kept, _, predicted = _solve(_floored(design, knee), seconds, options)
         if (error := _squared_error(predicted, seconds)) < best_error:
