@@ -31,6 +31,8 @@ CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated:
 SWEEP_AFTER=${SWEEP_AFTER:-0}    # 1: one more sweep after the run (profile-after.json), validated alone and fitted
                                  # together with the first (profile-bracket.json): the machine's state at both ends
 # CALIBRATE_ARGS_<n>: sweep n's own calibrate flags in place of CALIBRATE_ARGS (two designs, one machine state)
+STEP_LOG=${STEP_LOG:-0}   # 1 (ENGINE=specwise): each server logs its steps; the fit of the steps it ran during the
+                          # sweeps (benchmarks/step_log_check.py --into) is replayed too (profile-steps.json)
 OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
 VLLM_TOKEN_BUDGET=2048     # vLLM for CPU 0.32's default max_num_batched_tokens (no endpoint says it)
@@ -65,7 +67,9 @@ start() {   # NAME CORE PORT [flags...]: its own process group, so that stop_ser
     FAKE_ENGINE_START_DELAY=0 FAKE_ENGINE_STEP_COST=${FAKE_ENGINE_STEP_COST:-0.02,0.0005,0.00004,0.002} \
       setsid "$PY" tests/fake_engine.py serve fake --port "$port" "$@" > "$OUT/servers/$name.log" 2>&1 &
   else
-    setsid taskset -c "$core" "$PY" -m specwise serve --port "$port" --dtype "$DTYPE" "$@" $SERVE_ARGS \
+    local logs=()
+    [[ $STEP_LOG == 1 ]] && logs=(--step-log "$OUT/servers/$name.steps.jsonl")
+    setsid taskset -c "$core" "$PY" -m specwise serve --port "$port" --dtype "$DTYPE" "$@" $SERVE_ARGS "${logs[@]}" \
       > "$OUT/servers/$name.log" 2>&1 &
   fi
   PIDS+=($!)
@@ -120,6 +124,9 @@ if [[ $ENGINE == vllm ]]; then
   fi
 else
   log "evaluate the same servers as endpoints"
+  for name in off ngram; do    # the steps each server ran before the evaluation: the sweeps'
+    [[ $STEP_LOG == 1 ]] && wc -l < "$OUT/servers/$name.steps.jsonl" > "$OUT/servers/$name.swept"
+  done
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" \
     --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
   # shellcheck disable=SC2086
@@ -138,6 +145,13 @@ if [[ $SWEEP_AFTER == 1 ]]; then
   "$PY" -m specwise calibrate --refit "$(kept 1)" "$(kept after)" \
     --output "$OUT/profile-bracket.json" 2>&1 | tee "$OUT/calibrate-bracket.txt" || log "the two sweeps together: refused"
   SWEEPS+=" after bracket"
+fi
+if [[ $STEP_LOG == 1 && $ENGINE == specwise && -f $OUT/profile-1.json ]]; then
+  "$PY" benchmarks/step_log_check.py "$OUT/servers/off.steps.jsonl" --fit-first "$(cat "$OUT/servers/off.swept")" \
+    --into "$OUT/profile-1.json" --arm off --output "$OUT/profile-steps.json"
+  "$PY" benchmarks/step_log_check.py "$OUT/servers/ngram.steps.jsonl" --fit-first "$(cat "$OUT/servers/ngram.swept")" \
+    --into "$OUT/profile-steps.json" --arm ngram --output "$OUT/profile-steps.json"
+  SWEEPS+=" steps"
 fi
 for n in $SWEEPS; do
   [[ -f $OUT/profile-$n.json ]] || continue

@@ -9,8 +9,15 @@ it prints the median step measured, the median predicted and the median and tota
 (predicted / measured - 1). --profile: the profile's linear fit, the KV read as it says. --fit-first N:
 the model fitted on the log's first N steps (a calibration sweep run first against the same server,
 say), predicting the rest, with the KV counted as --kv-reads says and as if each sequence read its
-own cache, side by side. --since: only steps that started that many seconds after the log's first (an evaluation
-that followed a sweep).
+own cache, side by side. --since: only steps that started that many seconds after the log's first (an
+evaluation that followed a sweep).
+
+    python benchmarks/step_log_check.py STEPS.jsonl --fit-first N --into profile.json --arm off --output steps.json
+
+--into/--arm/--output: the fit of the first N steps (KV as --kv-reads says) written in place of the arm's fit
+in a copy of a calibrate --endpoint profile ("off": the plain server's; a method: its drafting fit), the
+request overhead kept from the profile (a step log has no TTFTs): `simulate --validate` replays it, the
+model fitted on the steps the server ran during the sweep instead of on what the client saw of them.
 """
 
 import argparse
@@ -56,6 +63,20 @@ def table(label: str, cost: LinearStepCost, steps: list[dict]) -> None:
                       f"{predicted[chosen].sum() / measured[chosen].sum() - 1:>+9.1%}")
 
 
+def write_into(path: str, arm: str, cost: LinearStepCost, output: str) -> None:
+    """A copy of the profile at path with `cost` as the arm's fit, the arm's request overhead kept."""
+    profile = json.loads(Path(path).read_text(encoding="utf-8"))
+    linear = profile["linear"]
+    held = linear if arm == "off" else linear["drafting"][arm]
+    fitted = cost.to_json() | {key: held[key] for key in ("request_overhead_s",) if key in held}
+    if arm == "off":
+        profile["linear"] = fitted | {key: linear[key] for key in ("drafting",) if key in linear}
+    else:
+        linear["drafting"][arm] = fitted
+    Path(output).write_text(json.dumps(profile, indent=1), encoding="utf-8")
+    print(f"wrote {output}: {arm}'s fit from the step log, {LinearStepCost.from_json(fitted).description}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("steps", help="a step log (specwise serve --step-log FILE)")
@@ -63,7 +84,12 @@ def main() -> int:
     parser.add_argument("--fit-first", type=int, help="fit on the log's first N steps, predict the rest")
     parser.add_argument("--since", type=float, default=0.0, help="only steps this many seconds after the first")
     parser.add_argument("--kv-reads", default="16/16", help="the server's reads, for --fit-first (GROUP/BLOCK)")
+    parser.add_argument("--into", help="a profile: a copy of it with the --fit-first fit as --arm's goes to --output")
+    parser.add_argument("--arm", default="off", help="with --into: off, or the drafting method the log's server ran")
+    parser.add_argument("--output", help="with --into: where the copy goes")
     args = parser.parse_args()
+    if (args.into is None) != (args.output is None) or (args.into and not args.fit_first):
+        parser.error("--into and --output go together, with --fit-first")
     steps = [json.loads(line) for line in Path(args.steps).read_text(encoding="utf-8").splitlines() if line.strip()]
     if not steps or (args.profile is None) == (args.fit_first is None):
         parser.error("give a non-empty step log and one of --profile or --fit-first")
@@ -74,6 +100,10 @@ def main() -> int:
         if not isinstance(cost, LinearStepCost):
             parser.error(f"{args.profile} holds no linear fit")
         table(str(args.profile), cost, held)
+        return 0
+    if args.into:
+        reads = KVReads.parse(args.kv_reads)
+        write_into(args.into, args.arm, fit(samples(steps[:args.fit_first], reads), None, reads).cost, args.output)
         return 0
     for reads in (KVReads.parse(args.kv_reads), None):
         fitted = fit(samples(steps[:args.fit_first], reads), None, reads)
