@@ -102,6 +102,9 @@ def main() -> int:
         table(str(args.profile), cost, held)
         return 0
     if args.into:
+        if args.arm != "off" and args.arm not in json.loads(Path(args.into).read_text(encoding="utf-8"))[
+                "linear"].get("drafting", {}):
+            parser.error(f"{args.into} has no fit of {args.arm} to replace")
         reads = KVReads.parse(args.kv_reads)
         write_into(args.into, args.arm, fit(samples(steps[:args.fit_first], reads), None, reads).cost, args.output)
         return 0

@@ -367,9 +367,9 @@ def record(index: int, send: float, ttft: float, gap: float, chunks: int, prompt
 
 def test_a_wave_by_hand():
     """4 requests sent at 0, prefilled in one step (first tokens all at 0.1 s), then 40 ms steps: the
-    window runs from the step after 0.1 s (the first of four decodes, left out) to the first finish; KV =
-    4 x (100 + the tokens made mid-window - 1), and
-    each decode row attends to its cache and itself: attention pairs = KV + 4."""
+    window runs from the step after 0.1 s (the first of four decodes, left out) to the first finish;
+    KV = 4 x (100 + the tokens made mid-window - 1), and each decode row attends to its cache and itself:
+    attention pairs = KV + 4."""
     records = [record(i, 0.0, 0.1, 0.04, 30) for i in range(4)]
     steps = wave_steps(records, 4)
     assert steps.decode.seconds == pytest.approx(0.04)
@@ -387,10 +387,10 @@ def test_a_wave_by_hand():
 
 def test_a_speculating_wave_by_hand():
     """Each request drafted 3 tokens a step over 10 decode steps and accepted 10 of 30: 21 tokens in
-    11 chunks (the first from the prefill), rows 1 + 30 / 10 = 4 a step. Mid-window (0.375 s: the window runs
-    from the second chunk, at 0.15 s, to the last) each had made 12 tokens: 100 + 12 - 1 = 111 cached,
-    4 x 111 + 4 x 5 / 2 = 454 attention pairs. From the
-    server's counters instead (no per-request ones), each request's share of the wave's."""
+    11 chunks (the first from the prefill), rows 1 + 30 / 10 = 4 a step. Mid-window (0.375 s: the window
+    runs from the second chunk, at 0.15 s, to the last) each had made 12 tokens: 100 + 12 - 1 = 111
+    cached, 4 x 111 + 4 x 5 / 2 = 454 attention pairs. From the server's counters instead (no
+    per-request ones), each request's share of the wave's."""
     own = [record(i, 0.0, 0.1, 0.05, 11, output=21, drafts=10, draft_tokens=30, accepted_tokens=10)
            for i in range(2)]
     steps = wave_steps(own, 2)
