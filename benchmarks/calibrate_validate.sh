@@ -124,9 +124,9 @@ if [[ $ENGINE == vllm ]]; then
   fi
 else
   log "evaluate the same servers as endpoints"
-  for name in off ngram; do    # the steps each server ran before the evaluation: the sweeps'
-    [[ $STEP_LOG == 1 ]] && wc -l < "$OUT/servers/$name.steps.jsonl" > "$OUT/servers/$name.swept"
-  done
+  if [[ $STEP_LOG == 1 ]]; then    # the steps each server ran before the evaluation: the sweeps'
+    for name in off ngram; do wc -l < "$OUT/servers/$name.steps.jsonl" > "$OUT/servers/$name.swept"; done
+  fi
   "$PY" -m specwise evaluate --endpoint "off=http://127.0.0.1:$PORT_OFF" \
     --endpoint "ngram=http://127.0.0.1:$PORT_NGRAM" --baseline off "${EVALUATE[@]}" 2>&1 | tee "$OUT/evaluate.txt"
   # shellcheck disable=SC2086

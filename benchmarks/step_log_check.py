@@ -63,9 +63,9 @@ def table(label: str, cost: LinearStepCost, steps: list[dict]) -> None:
                       f"{predicted[chosen].sum() / measured[chosen].sum() - 1:>+9.1%}")
 
 
-def write_into(path: str, arm: str, cost: LinearStepCost, output: str) -> None:
-    """A copy of the profile at path with `cost` as the arm's fit, the arm's request overhead kept."""
-    profile = json.loads(Path(path).read_text(encoding="utf-8"))
+def write_into(profile: dict, arm: str, cost: LinearStepCost, output: str) -> None:
+    """The profile (read from a calibrate --endpoint JSON) with `cost` as the arm's fit, the arm's request
+    overhead kept, written to output."""
     linear = profile["linear"]
     held = linear if arm == "off" else linear["drafting"][arm]
     fitted = cost.to_json() | {key: held[key] for key in ("request_overhead_s",) if key in held}
@@ -102,11 +102,11 @@ def main() -> int:
         table(str(args.profile), cost, held)
         return 0
     if args.into:
-        if args.arm != "off" and args.arm not in json.loads(Path(args.into).read_text(encoding="utf-8"))[
-                "linear"].get("drafting", {}):
+        profile = json.loads(Path(args.into).read_text(encoding="utf-8"))
+        if args.arm != "off" and args.arm not in profile["linear"].get("drafting", {}):
             parser.error(f"{args.into} has no fit of {args.arm} to replace")
         reads = KVReads.parse(args.kv_reads)
-        write_into(args.into, args.arm, fit(samples(steps[:args.fit_first], reads), None, reads).cost, args.output)
+        write_into(profile, args.arm, fit(samples(steps[:args.fit_first], reads), None, reads).cost, args.output)
         return 0
     for reads in (KVReads.parse(args.kv_reads), None):
         fitted = fit(samples(steps[:args.fit_first], reads), None, reads)
