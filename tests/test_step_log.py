@@ -34,3 +34,25 @@ def test_every_step_is_logged_with_its_shape(tmp_path):
     assert (third["fed"], third["cached"], third["sampled"], third["prompt_tokens"]) == ([1, 4], [6, 26], 2, 4)
     assert lines[-1]["fed"] == [1] and lines[-1]["prompt_tokens"] == 0
     assert sum(sum(line["fed"]) for line in lines) == 5 + 30 + 2 * 3     # every prompt token and decode row once
+
+
+def test_a_drafting_step_logs_the_drafts_fed_not_the_room(tmp_path):
+    """n-gram drafting with k = 4 over a prompt that repeats itself in part: the scheduler makes room for 4
+    drafts every decode step, the drafter fills it only where the last tokens recur. Each decode line's row
+    count is 1 + the drafts proposed, so the logged draft rows sum to the engine's own count of draft
+    tokens, and some step was fed fewer than its room (the line would say 5 rows if it logged the room)."""
+    path = tmp_path / "steps.jsonl"
+    config = EngineConfig(dtype="float32", max_model_len=128, num_kv_blocks=32, speculative="ngram",
+                          num_speculative_tokens=4, step_log=str(path))
+    engine = LLMEngine(config, tiny_checkpoint())
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engine.add_prepared([3, 9, 4, 7, 3, 9, 4, 7, 3, 9, 4, 7, 3, 9, 4] + list(range(20, 40)), params, "repeats")
+    while engine.has_unfinished():
+        engine.step()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    decodes = [line for line in lines if line["prompt_tokens"] == 0]
+    draft_rows = [line["fed"][0] - 1 for line in decodes]
+    assert sum(draft_rows) == engine.stats.draft_tokens
+    assert all(line["sampled"] == line["fed"][0] for line in decodes)
+    assert 0 in draft_rows                        # a step whose drafter found nothing: 1 row, not the room's 5
+    assert engine.stats.draft_tokens > 0          # and some that drafted

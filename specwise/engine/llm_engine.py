@@ -10,7 +10,6 @@ import logging
 import random
 import time
 import uuid
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +50,7 @@ class Computed:
 
     tokens: list[int]                       # emitted (none for a prompt chunk short of the prompt's end)
     num_drafted: int                        # drafted tokens verified (Proposal.num_drafted)
+    num_rows: int                           # draft rows fed (Proposal.num_rows: a chain's drafts, a tree's rows)
     logprobs: list[TokenLogprob] | None     # of the emitted tokens, when the request asked
 
 
@@ -202,8 +202,11 @@ class LLMEngine:
         if batch is None:
             return outputs
         self._set_threads(batch.num_tokens)
-        with self.step_log.step(batch) if self.step_log else nullcontext():
-            computed, faults = isolate(batch, self._compute)     # nothing committed yet (fault_isolation.py)
+        started = time.perf_counter()
+        computed, faults = isolate(batch, self._compute)         # nothing committed yet (fault_isolation.py)
+        if self.step_log:
+            self.step_log.write(batch, [computed[i].num_rows if i in computed else 0
+                                        for i in range(len(batch.seqs))], started)
         self.failed_steps.check(len(batch.seqs), faults)
         return outputs + self._commit(batch, computed, faults)
 
@@ -220,6 +223,7 @@ class LLMEngine:
         if proposal is not None:
             self.stats.verifying_seconds += time.perf_counter() - started
         return [Computed(tokens, 0 if proposal is None else proposal.num_drafted(index),
+                         0 if proposal is None else proposal.num_rows(index),
                          self.runner.step_logprobs.pop(seq.seq_id, None))
                 for index, (seq, tokens) in enumerate(zip(batch.seqs, emitted))]
 

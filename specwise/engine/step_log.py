@@ -7,9 +7,10 @@ verification took together:
     {"start": 12.345678, "seconds": 0.0712, "fed": [1, 1, 5, 212], "cached": [310, 88, 140, 0],
      "sampled": 7, "prompt_tokens": 212}
 
-fed[i]: rows sequence i was fed (its decode row and drafts, or a prompt chunk); cached[i]: tokens it had
-cached before the step; sampled: rows whose next-token distribution was sampled (a decode row and its
-drafts, a prompt chunk only at its prompt's end: here the 212-token chunk is not its prompt's last);
+fed[i]: rows sequence i was fed (its decode row and the drafts its drafter proposed, or a prompt chunk;
+a failed sequence's drafts are not counted); cached[i]: tokens it had cached before the step; sampled:
+rows whose next-token distribution was sampled (a decode row and its drafts, a prompt chunk only at its
+prompt's end: here the 212-token chunk is not its prompt's last);
 prompt_tokens: the rows of prompt chunks; start: time.perf_counter() at the step's start.
 `benchmarks/step_log_check.py` costs each line with a profile (`StepShape.of(fed, cached, kv_reads)`) and
 prints the errors by kind of step and batch size.
@@ -17,7 +18,6 @@ prints the errors by kind of step and batch size.
 
 import json
 import time
-from contextlib import contextmanager
 
 from specwise.engine.scheduler import ScheduledBatch
 
@@ -26,15 +26,15 @@ class StepLog:
     def __init__(self, path: str):
         self.stream = open(path, "a", encoding="utf-8", buffering=1)      # a line a step, kept if the server dies
 
-    @contextmanager
-    def step(self, batch: ScheduledBatch):
-        """Times what runs inside; the batch's shape is read first, before the step advances its sequences."""
-        fed = [new + drafts for new, drafts in zip(batch.num_new_tokens, batch.num_draft_tokens)]
+    def write(self, batch: ScheduledBatch, draft_rows: list[int], start: float) -> None:
+        """One step's line, written before the step advances its sequences; it took from `start`
+        (time.perf_counter()) to now. draft_rows[i]: the draft rows sequence i was fed, as its drafter
+        proposed them: the scheduler's room (batch.num_draft_tokens) is an upper bound, which an n-gram
+        drafter that finds no match leaves empty."""
+        seconds = time.perf_counter() - start
+        fed = [new + rows for new, rows in zip(batch.num_new_tokens, draft_rows)]
         cached = [seq.num_computed_tokens for seq in batch.seqs]
-        sampled = sum(1 + batch.num_draft_tokens[i] for i in range(len(batch.seqs)) if batch.samples(i))
+        sampled = sum(1 + draft_rows[i] for i in range(len(batch.seqs)) if batch.samples(i))
         prompt = sum(new for seq, new in zip(batch.seqs, batch.num_new_tokens) if seq.is_prefilling)
-        start = time.perf_counter()
-        yield
-        self.stream.write(json.dumps({"start": round(start, 6), "seconds": round(time.perf_counter() - start, 6),
-                                      "fed": fed, "cached": cached, "sampled": sampled,
-                                      "prompt_tokens": prompt}) + "\n")
+        self.stream.write(json.dumps({"start": round(start, 6), "seconds": round(seconds, 6), "fed": fed,
+                                      "cached": cached, "sampled": sampled, "prompt_tokens": prompt}) + "\n")
