@@ -31,8 +31,8 @@ CALIBRATIONS=${CALIBRATIONS:-2}           # sweeps back to back, each validated:
 SWEEP_AFTER=${SWEEP_AFTER:-0}    # 1: one more sweep after the run (profile-after.json), validated alone and fitted
                                  # together with the first (profile-bracket.json): the machine's state at both ends
 # CALIBRATE_ARGS_<n>: sweep n's own calibrate flags in place of CALIBRATE_ARGS (two designs, one machine state)
-STEP_LOG=${STEP_LOG:-0}   # 1 (ENGINE=specwise): each server logs its steps; the fit of the steps it ran during the
-                          # sweeps (benchmarks/step_log_check.py --into) is replayed too (profile-steps.json)
+STEP_LOG=${STEP_LOG:-0}   # 1 (ENGINE=specwise): each server logs its steps to OUT/servers/NAME.steps.jsonl too, for
+                          # benchmarks/step_log_check.py (calibrate fits the sweep's from GET /steps either way)
 OUT=${OUT:-$ROOT/specwise-results/calibrate-validate-$ENGINE-$(date +%Y%m%d-%H%M%S)}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}     # GiB each; two servers side by side
 VLLM_TOKEN_BUDGET=2048     # vLLM for CPU 0.32's default max_num_batched_tokens (no endpoint says it)
@@ -146,12 +146,10 @@ if [[ $SWEEP_AFTER == 1 ]]; then
     --output "$OUT/profile-bracket.json" 2>&1 | tee "$OUT/calibrate-bracket.txt" || log "the two sweeps together: refused"
   SWEEPS+=" after bracket"
 fi
-if [[ $STEP_LOG == 1 && $ENGINE == specwise && -f $OUT/profile-1.json ]]; then
-  "$PY" benchmarks/step_log_check.py "$OUT/servers/off.steps.jsonl" --fit-first "$(cat "$OUT/servers/off.swept")" \
-    --into "$OUT/profile-1.json" --arm off --output "$OUT/profile-steps.json"
-  "$PY" benchmarks/step_log_check.py "$OUT/servers/ngram.steps.jsonl" --fit-first "$(cat "$OUT/servers/ngram.swept")" \
-    --into "$OUT/profile-steps.json" --arm ngram --output "$OUT/profile-steps.json"
-  SWEEPS+=" steps"
+if [[ $ENGINE == specwise && -f $OUT/profile-1.json ]]; then   # our servers said their steps: sweep 1 as the client saw it
+  "$PY" -m specwise calibrate --refit "$OUT/profile-1.json" --no-server-steps --output "$OUT/profile-client.json" \
+    > "$OUT/calibrate-client.txt" 2>&1 || log "sweep 1 as the client saw it: refused"
+  SWEEPS+=" client"
 fi
 for n in $SWEEPS; do
   [[ -f $OUT/profile-$n.json ]] || continue

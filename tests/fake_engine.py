@@ -36,6 +36,8 @@ Behaviour from the environment:
                             rows, sorted by context, GROUP at a time, each to its group's longest context in
                             whole blocks of BLOCK tokens (the padding costs as KV tokens), SECONDS a group; its
                             /health says {"kv_reads": {"group_size": GROUP, "block_size": BLOCK}}
+  FAKE_ENGINE_STEP_LOG      1: that engine says its steps on GET /steps?after=N[&limit=M] as `specwise serve` does
+                            ({"steps": [{"seconds", "fed", "cached", "sampled", "prompt_tokens"}, ...], "next": n})
 Prompts count 1 token per 4 characters, or a token-id prompt its ids; `stream_options.continuous_usage_stats` puts the running usage on
 every chunk, as vLLM does.
 """
@@ -151,6 +153,7 @@ class Stepper:
         self.budget = budget
         self.per_row = coefficients[3] if len(coefficients) > 3 else 0.0
         self.k, self.running, self.cond = k, [], threading.Condition()
+        self.steps: list[dict] | None = [] if ENV("FAKE_ENGINE_STEP_LOG") == "1" else None
         threading.Thread(target=self.loop, daemon=True).start()
 
     def submit(self, prompt_tokens: int, want: int) -> queue.Queue:
@@ -171,6 +174,7 @@ class Stepper:
                 batch = list(self.running)
             rows = sampled = kv = 0
             chunks, reads = {}, []          # reads: (rows fed, context) of each sequence that reads its cache
+            fed, cached = [], []            # the step's line (FAKE_ENGINE_STEP_LOG)
             for r in batch:
                 if r["made"] == 0:
                     chunks[id(r)] = chunk = min(r["prompt"] - r["filled"], self.budget or r["prompt"])
@@ -178,9 +182,13 @@ class Stepper:
                     sampled += 1 if r["filled"] + chunk == r["prompt"] else 0
                     if r["filled"]:
                         reads.append((chunk, r["filled"] + chunk))
+                    fed.append(chunk)
+                    cached.append(r["filled"])
                 else:
                     rows, sampled, kv = rows + 1 + self.k, sampled + 1 + self.k, kv + r["prompt"] + r["made"] - 1
                     reads.append((1 + self.k, r["prompt"] + r["made"] + self.k))
+                    fed.append(1 + self.k)
+                    cached.append(r["prompt"] + r["made"] - 1)
             padding, groups = self.groups(reads)
             start = end if busy else time.monotonic()
             end = start + self.fixed + self.per_token * rows + self.per_kv * (kv + padding) + self.per_row * sampled
@@ -188,6 +196,10 @@ class Stepper:
             end += self.count_cost(rows)
             busy = True
             time.sleep(max(end - time.monotonic(), 0.0))
+            if self.steps is not None:
+                with self.cond:
+                    self.steps.append({"seconds": time.monotonic() - start, "fed": fed, "cached": cached,
+                                       "sampled": sampled, "prompt_tokens": sum(chunks.values())})
             for r in batch:
                 if id(r) in chunks:
                     r["filled"] += chunks[id(r)]
@@ -264,6 +276,12 @@ def make_handler(model: str, k: int, per_request: bool, delay: float, sglang: bo
                 self._json({"kv_reads": {"group_size": grouped[0], "block_size": grouped[1]}})
             elif self.path == "/health":
                 self._json("", content="text/plain")
+            elif self.path.startswith("/steps") and stepper and stepper.steps is not None:
+                query = dict(part.split("=") for part in self.path.partition("?")[2].split("&") if part)
+                after, limit = int(query.get("after", 0)), query.get("limit")
+                with stepper.cond:
+                    lines = stepper.steps[after:after + int(limit) if limit is not None else None]
+                    self._json({"steps": lines, "next": len(stepper.steps)})
             elif self.path == "/v1/models":
                 self._json({"object": "list", "data": [{"id": model, "object": "model"}]})
             elif self.path == "/version":

@@ -443,6 +443,50 @@ def test_a_recorded_sweep_is_refitted_without_a_server(servers, tmp_path, capsys
     assert "not a profile written by calibrate --endpoint" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def logging_servers():
+    """The plain and speculating pair, each saying the steps it ran on GET /steps as `specwise serve` does."""
+    yield from fake_engines(SPECULATING_PAIR, FAKE_ENGINE_STEP_LOG="1")
+
+
+def test_a_server_that_says_its_steps_is_fitted_on_them(logging_servers, tmp_path, capsys):
+    """Both servers say every step the sweep ran: fitted on those (and the probes' TTFTs for the request
+    overhead), the known cost comes back within 2%, the speculating server's too (each step's own seconds:
+    no chunk's arrival jitter, no window to infer). The steps are kept beside the profile: --refit fits them
+    again to the same figures, and --refit --no-server-steps fits what the client saw of them instead."""
+    path, again, client = tmp_path / "profile.json", tmp_path / "again.json", tmp_path / "client.json"
+    plain, speculating = logging_servers
+    assert main(["calibrate", "--endpoint", plain, "--speculative-arm", f"ngram={speculating}", *SWEEP,
+                 "--output", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("during the sweep (GET /steps): they are fitted") == 2
+    data = json.loads(path.read_text())
+    kept = [json.loads(line) for line in (tmp_path / "profile.steps.jsonl").read_text().splitlines()]
+    assert {line["endpoint"] for line in kept} == {"off", "ngram"}
+    assert data["calibration"]["steps"] == "profile.steps.jsonl"
+    probes = len(data["calibration"]["prefills"]) // 2
+    for name, fitted in (("off", data["linear"]), ("ngram", data["linear"]["drafting"]["ngram"])):
+        for key, known in (("fixed_s", FIXED), ("per_token_s", PER_TOKEN), ("per_kv_token_s", PER_KV),
+                           ("per_logits_row_s", PER_ROW)):
+            assert fitted[key] == pytest.approx(known, rel=0.02), (name, key)
+        assert 0 < fitted["request_overhead_s"] < FIXED
+        assert fitted["steps"] == sum(1 for line in kept if line["endpoint"] == name) + probes
+    # every verification step fed 1 + 3 rows a sequence, as the speculating server said
+    assert all(fed == 4 for line in kept if line["endpoint"] == "ngram" and not line["prompt_tokens"]
+               for fed in line["fed"])
+    assert "decodes, batch 8-16" in out        # the residuals by kind of step and batch size
+    assert main(["calibrate", "--refit", str(path), "--output", str(again)]) == 0
+    assert "decodes, batch 8-16" in capsys.readouterr().out
+    recorded, refitted = (json.loads(p.read_text())["linear"] for p in (path, again))
+    assert flattened(refitted.pop("drafting")["ngram"]) == pytest.approx(flattened(recorded.pop("drafting")["ngram"]))
+    assert flattened(refitted) == pytest.approx(flattened(recorded))
+    assert main(["calibrate", "--refit", str(path), "--no-server-steps", "--output", str(client)]) == 0
+    assert "decodes, batch" not in capsys.readouterr().out
+    seen = json.loads(client.read_text())["linear"]
+    assert seen["steps"] == len(data["calibration"]["waves"]) // 2 + probes
+    assert seen["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
+
+
 def test_sweeps_at_two_times_are_refitted_as_one(servers, slower_servers, tmp_path, capsys):
     """--refit with two profiles fits their waves and probes together: sweeps of a machine whose step cost
     20 ms fixed and then 23 ms fit a fixed cost between the two; sweeps of other endpoints are refused.

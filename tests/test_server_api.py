@@ -149,6 +149,26 @@ def test_token_id_prompt_and_chat_defaults(client, server):
     assert chat.usage.completion_tokens == 3
 
 
+def test_steps_say_what_the_engine_ran(server, client):
+    """GET /steps: the steps the engine ran, numbered, from `after` on (`calibrate --endpoint` takes the next
+    number with limit=0 before its sweep and reads the sweep's steps after it). One request alone: its prompt
+    in one step, then one row a step (no drafts asked) until its 24th token; a bad number is refused."""
+    wait_until(lambda: engine_idle(server.engine), what="engine idle")
+    mark = httpx.get(server.url("/steps"), params={"limit": 0}).json()
+    assert mark["steps"] == []
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                         extra_body={"speculative": False})
+    said = httpx.get(server.url("/steps"), params={"after": mark["next"]}).json()
+    steps = said["steps"]
+    assert len(steps) == said["next"] - mark["next"] == MAX_TOKENS
+    assert (steps[0]["fed"], steps[0]["cached"]) == ([response.usage.prompt_tokens], [0])
+    assert [line["fed"] for line in steps[1:]] == [[1]] * (MAX_TOKENS - 1)
+    assert [line["cached"][0] for line in steps[1:]] == list(range(response.usage.prompt_tokens,
+                                                                    response.usage.prompt_tokens + MAX_TOKENS - 1))
+    assert all(line["seconds"] > 0 for line in steps)
+    assert httpx.get(server.url("/steps"), params={"after": -1}).status_code == 400
+
+
 def test_models_health_metrics(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]

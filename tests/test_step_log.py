@@ -1,10 +1,11 @@
-"""`--step-log FILE` (engine/step_log.py): every step the engine runs, one JSON line with what it computed,
-as the engine's scheduler built it, and how long it took."""
+"""The step log (engine/step_log.py): every step the engine runs, one JSON line with what it computed and
+how long it took, in memory for GET /steps and in a file with `--step-log FILE`."""
 
 import json
 
 from specwise.config import EngineConfig
 from specwise.engine.llm_engine import LLMEngine
+from specwise.engine.step_log import StepLog
 from specwise.sampling_params import SamplingParams
 from tiny_models import tiny_checkpoint
 
@@ -56,3 +57,22 @@ def test_a_drafting_step_logs_the_drafts_fed_not_the_room(tmp_path):
     assert all(line["sampled"] == line["fed"][0] for line in decodes)
     assert 0 in draft_rows                        # a step whose drafter found nothing: 1 row, not the room's 5
     assert engine.stats.draft_tokens > 0          # and some that drafted
+
+
+def test_the_last_steps_are_kept_in_memory_and_numbered(tmp_path):
+    """What GET /steps answers: the engine's lines numbered from 0, the last `keep` of them in memory (here 3);
+    `since(n)` gives those numbered n on, at most `limit`, with the next line's number; older ones are gone."""
+    path = tmp_path / "steps.jsonl"
+    config = EngineConfig(dtype="float32", max_model_len=128, num_kv_blocks=32, max_num_batched_tokens=16)
+    engine = LLMEngine(config, tiny_checkpoint())
+    engine.step_log = StepLog(str(path), keep=3)
+    engine.add_prepared(list(range(1, 31)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), "long")
+    while engine.has_unfinished():
+        engine.step()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    count = len(lines)
+    assert count == 2 + 3          # two prompt chunks of 16 and 14 (the second samples), three decodes
+    assert engine.step_log.since(0) == (lines[-3:], count)
+    assert engine.step_log.since(count - 2) == (lines[-2:], count)
+    assert engine.step_log.since(count - 3, limit=1) == (lines[-3:-2], count)
+    assert engine.step_log.since(count, limit=0) == ([], count)

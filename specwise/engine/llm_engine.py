@@ -90,7 +90,7 @@ class LLMEngine:
         self.rng = random.Random(config.seed)
         self.stats = SpecStats()
         self.failed_steps = FailedSteps()
-        self.step_log = StepLog(config.step_log) if config.step_log else None
+        self.step_log = StepLog(config.step_log)     # the last steps in memory (GET /steps), a file where asked
         self.proposer = None
         self.set_speculative(config.speculative, config.num_speculative_tokens)
 
@@ -204,9 +204,8 @@ class LLMEngine:
         self._set_threads(batch.num_tokens)
         started = time.perf_counter()
         computed, faults = isolate(batch, self._compute)         # nothing committed yet (fault_isolation.py)
-        if self.step_log:
-            self.step_log.write(batch, [computed[i].num_rows if i in computed else 0
-                                        for i in range(len(batch.seqs))], started)
+        self.step_log.write(batch, [computed[i].num_rows if i in computed else 0 for i in range(len(batch.seqs))],
+                            started)
         self.failed_steps.check(len(batch.seqs), faults)
         return outputs + self._commit(batch, computed, faults)
 

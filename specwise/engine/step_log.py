@@ -1,4 +1,5 @@
-"""Every step the engine runs, one JSON line each (`--step-log FILE`): what a step-cost model is held against.
+"""Every step the engine runs, one JSON line each (GET /steps on `specwise serve`, and `--step-log FILE`):
+what a step-cost model is fitted to and held against.
 
 A client sees a server's steps only through its streamed chunks (bench/calibrate/samples.py); the engine
 sees each one whole. A line holds what the step computed and how long drafting, the forward and the
@@ -16,15 +17,27 @@ prompt_tokens: the rows of prompt chunks; start: time.perf_counter() at the step
 prints the errors by kind of step and batch size.
 """
 
+import itertools
 import json
+import threading
 import time
+from collections import deque
 
 from specwise.engine.scheduler import ScheduledBatch
 
+KEPT_STEPS = 20_000     # lines kept in memory for GET /steps: a 3-minute sweep runs 2,000-4,000 steps
+
 
 class StepLog:
-    def __init__(self, path: str):
-        self.stream = open(path, "a", encoding="utf-8", buffering=1)      # a line a step, kept if the server dies
+    """The engine's steps: the last KEPT_STEPS in memory, numbered from 0 (what `specwise serve` answers
+    on GET /steps, and `calibrate --endpoint` fits), and every one in a file where a path is given."""
+
+    def __init__(self, path: str | None = None, keep: int = KEPT_STEPS):
+        # a line a step, kept if the server dies
+        self.stream = open(path, "a", encoding="utf-8", buffering=1) if path else None
+        self.recent: deque[dict] = deque(maxlen=keep)
+        self.written = 0                   # lines so far; the next one's number
+        self.lock = threading.Lock()       # the engine thread writes, the server's reads
 
     def write(self, batch: ScheduledBatch, draft_rows: list[int], start: float) -> None:
         """One step's line, written before the step advances its sequences; it took from `start`
@@ -36,5 +49,17 @@ class StepLog:
         cached = [seq.num_computed_tokens for seq in batch.seqs]
         sampled = sum(1 + draft_rows[i] for i in range(len(batch.seqs)) if batch.samples(i))
         prompt = sum(new for seq, new in zip(batch.seqs, batch.num_new_tokens) if seq.is_prefilling)
-        self.stream.write(json.dumps({"start": round(start, 6), "seconds": round(seconds, 6), "fed": fed,
-                                      "cached": cached, "sampled": sampled, "prompt_tokens": prompt}) + "\n")
+        line = {"start": round(start, 6), "seconds": round(seconds, 6), "fed": fed, "cached": cached,
+                "sampled": sampled, "prompt_tokens": prompt}
+        with self.lock:
+            self.recent.append(line)
+            self.written += 1
+        if self.stream:
+            self.stream.write(json.dumps(line) + "\n")
+
+    def since(self, number: int, limit: int | None = None) -> tuple[list[dict], int]:
+        """(the kept lines numbered `number` on, at most `limit` of them; the next line's number). Lines past
+        the memory are gone: the first returned is then a later one (the caller compares counts)."""
+        with self.lock:
+            first = max(number - (self.written - len(self.recent)), 0)
+            return list(itertools.islice(self.recent, first, None if limit is None else first + limit)), self.written

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API over an AsyncEngine: `create_app(async_engine, config)`.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (all behind the
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /steps (all behind the
 optional API keys), GET /health, GET /metrics. With several keys each key is a **tenant**:
 its requests carry it into the engine (`Sequence.tenant`), so drafters that learn across
 requests (suffix's global cache) never draft one key's text for another key's request. The app owns the engine's step thread:
@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
@@ -67,6 +67,13 @@ def api_routes(serving: Serving, config: ServerConfig, model: str, keys: list[st
         card = {"id": model, "object": "model", "created": started, "owned_by": "specwise",
                 "max_model_len": serving.engine.max_model_len}
         return {"object": "list", "data": [card]}
+
+    @router.get("/steps")
+    async def steps(after: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)):
+        # the steps the engine ran, numbered from 0, from `after` on, at most `limit` (engine/step_log.py: the last
+        # KEPT_STEPS), for `calibrate --endpoint` to fit; behind the keys, as a step's rows tell its requests' lengths
+        lines, following = serving.engine.step_log.since(after, limit)
+        return {"steps": lines, "next": following}
 
     formatter = LogprobFormatter(serving.engine.tokenizer)
 

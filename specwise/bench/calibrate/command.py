@@ -36,9 +36,10 @@ import numpy as np
 from rich.progress import Progress
 
 from specwise.bench.calibrate.counts import CountCost, count_cost, paid
+from specwise.bench.calibrate.logged import logged_samples, residual_table
 from specwise.bench.calibrate.samples import prefill_sample
 from specwise.bench.calibrate.sweep import Probe, Sweep, SweepDesign, Wave, regroup, run_sweep, wave_tag
-from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoint
+from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoint, server_steps
 from specwise.bench.results import read_records_file
 from specwise.engine.cost.kv_reads import KVReads
 from specwise.engine.cost.step_fit import Fit, FitOptions, fit
@@ -69,12 +70,15 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
         asyncio.run(check_endpoint(name, url))
     design = _with_what_the_server_says(design, endpoint)
     targets = [HttpTarget(name=name, base_url=url, model=model, continuous_usage=True) for name, url in urls.items()]
+    # where a server says its steps (ours), the number of the next it will run: the sweep's are those from there
+    marks = {name: said[1] for name, url in urls.items() if (said := asyncio.run(server_steps(url, 0, limit=0)))}
     started = time.perf_counter()
     with Progress() as progress:
         steps = len(design.waves()) + len(design.prefill_tokens) + (1 if design.count_probes else 0)
         task = progress.add_task("calibration sweep", total=steps * len(targets))
         sweep = asyncio.run(run_sweep(targets, design, on_step=lambda: progress.advance(task)))
     elapsed = time.perf_counter() - started
+    sweep.logged = {name: lines for name, mark in marks.items() if (lines := _steps_since(name, urls[name], mark))}
     requests = Path(output).with_suffix(".requests.jsonl")
     # kept before the fit: a sweep that does not fit can be looked at, and refitted
     records = [r for item in sweep.probes for r in item.records] + [r for rs in sweep.counts.values() for r in rs]
@@ -82,6 +86,11 @@ def calibrate_endpoints(endpoint: str, arms: dict[str, str], design: SweepDesign
     requests.write_text("".join(r.to_json() + "\n" for r in records), encoding="utf-8")
     calibration = {"endpoints": urls, "design": asdict(design), "seconds": round(elapsed, 1),
                    "requests": requests.name}
+    if sweep.logged:
+        logged = Path(output).with_suffix(".steps.jsonl")
+        logged.write_text("".join(json.dumps({"endpoint": name} | line) + "\n"
+                                  for name, lines in sweep.logged.items() for line in lines), encoding="utf-8")
+        calibration["steps"] = logged.name
     try:
         profile = _write_profile(urls, sweep, calibration, targets[0].model or "model?", output, options)
     except ConfigError as error:
@@ -113,6 +122,18 @@ def _with_what_the_server_says(design: SweepDesign, endpoint: str) -> SweepDesig
                   f"{said.kv_reads.group_size} to the longest context, in blocks of {said.kv_reads.block_size}: "
                   f"a step's KV tokens read are counted so")
     return dataclasses.replace(design, max_num_batched_tokens=budget, kv_reads=reads)
+
+
+def _steps_since(name: str, url: str, mark: int) -> list[dict]:
+    """The steps the endpoint says it ran from `mark` on; none (a line says why) where it lost some."""
+    said = asyncio.run(server_steps(url, mark))
+    if said is None or len(said[0]) != said[1] - mark:
+        print(f"endpoint {name}: the server said its steps before the sweep but not all of them after it "
+              f"(restarted, or it ran more than it keeps): what the client saw is fitted")
+        return []
+    print(f"endpoint {name}: the server says the {len(said[0])} steps it ran during the sweep (GET /steps): they "
+          f"are fitted, with the prefill probes' TTFTs for its request overhead (--no-server-steps: not)")
+    return said[0]
 
 
 def refit(profile_paths: list[str], output: str, options: FitOptions | None = None,
@@ -149,10 +170,15 @@ def refit(profile_paths: list[str], output: str, options: FitOptions | None = No
         sweep.probes += one.probes
         sweep.waves += one.waves
         sweep.counts |= one.counts
+        for name, lines in _kept_steps(path, other).items():
+            sweep.logged.setdefault(name, []).extend(lines)
+    calibration = {key: value for key, value in calibration.items() if key != "steps"}
     if len(recorded) > 1:       # a refit of this profile refits the sweeps it was fitted from
-        calibration = calibration | {"refitted_from": profile_paths, "requests": [str(r) for _, _, r in recorded]}
+        calibration |= {"refitted_from": profile_paths, "requests": [str(r) for _, _, r in recorded]}
     else:
-        calibration = calibration | {"refitted_from": profile_paths[0], "requests": str(recorded[0][2])}
+        calibration |= {"refitted_from": profile_paths[0], "requests": str(recorded[0][2])}
+        if "steps" in recorded[0][1]["calibration"]:
+            calibration["steps"] = str(_steps_path(*recorded[0][:2]))
     calibration["design"] = design | {"max_num_batched_tokens": budget, "kv_reads": reads}
     refitted = _write_profile(urls, sweep, calibration, profile.get("model", "model?"), output, options)
     print(f"wrote {output} (refitted from {', '.join(profile_paths)})")
@@ -174,11 +200,31 @@ def _recorded(path: str) -> tuple[dict, list[tuple[str, dict, Path]]]:
         raise InputError(f"{path}: not a profile written by calibrate --endpoint (with its requests kept)")
 
 
+def _steps_path(path: str, profile: dict) -> Path:
+    return Path(path).parent / profile["calibration"]["steps"]
+
+
+def _kept_steps(path: str, profile: dict) -> dict[str, list[dict]]:
+    """The steps a recorded sweep's servers said they ran (PROFILE.steps.jsonl), by endpoint; none kept: {}."""
+    if "steps" not in profile["calibration"]:
+        return {}
+    steps = _steps_path(path, profile)
+    logged: dict[str, list[dict]] = {}
+    try:
+        for text in steps.read_text(encoding="utf-8").splitlines():
+            line = json.loads(text)
+            logged.setdefault(line.pop("endpoint"), []).append(line)
+    except (OSError, ValueError, KeyError, AttributeError):
+        raise InputError(f"{steps}: not the steps a sweep's servers said they ran (kept by calibrate --endpoint)")
+    return logged
+
+
 def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model: str, output: str,
                    options: FitOptions | None) -> dict:
     given = options or FitOptions()
     options = with_pairs_decided(given, sweep.probes)
-    if given.fit_attention_pairs is None:
+    client_seen = [name for name in urls if not (options.server_steps and sweep.logged.get(name))]
+    if given.fit_attention_pairs is None and client_seen:
         print("calibrate: " + ("every prefill probe ran in one step: a cost per attention pair is fitted"
                                if options.fit_attention_pairs else
                                "a prefill probe ran in chunks: attention pairs are counted, not costed")
@@ -191,8 +237,11 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
     # the model's, and its waves of 1, 4, 16, 64 sequences place it; a drafting server's waves (rows 1.5-2 a
     # sequence at batch 1, 7-12 at 4) cannot, so its fit takes the plain server's knee
     def endpoint_fit(name: str, knee: float | None = None) -> Fit:
+        logged = sweep.logged.get(name) if options.server_steps else None
         return _fit(name, [w for w in sweep.waves if w.endpoint == name],
-                    [p for p in sweep.probes if p.endpoint == name], options, counts.get(name), budget, reads, knee)
+                    [p for p in sweep.probes if p.endpoint == name],
+                    _with_logged_pairs(options, given) if logged else options, counts.get(name), budget, reads, knee,
+                    logged)
 
     fits = {PLAIN_ENDPOINT: endpoint_fit(PLAIN_ENDPOINT)}
     fits |= {name: endpoint_fit(name, fits[PLAIN_ENDPOINT].cost.min_tokens) for name in urls if name != PLAIN_ENDPOINT}
@@ -228,6 +277,16 @@ def with_pairs_decided(options: FitOptions, probes: list[Probe]) -> FitOptions:
     return dataclasses.replace(options, fit_attention_pairs=whole)
 
 
+def _with_logged_pairs(options: FitOptions, given: FitOptions) -> FitOptions:
+    """options for a fit of the steps a server said it ran: the attention pairs fitted unless the flags say
+    not. Its steps give every prompt chunk whole (alone, beside decodes, over the cache of the chunks before),
+    so the pairs are told from the tokens wherever the prompts differ; the client's view cannot tell them in
+    a chunking server (`with_pairs_decided`). Our server's two sweeps of 2026-12-07 09:03, fitted on its
+    logged steps with and without them and replayed (median TTFT, TPOT, tok/s error): 2.6, 4.4, 2.8% with,
+    2.8, 4.7, 3.3% without; 2.1, 2.9, 1.9% with, 1.4, 3.1, 2.3% without."""
+    return options if given.fit_attention_pairs is not None else dataclasses.replace(options, fit_attention_pairs=True)
+
+
 def _count_cost(name: str, records) -> CountCost | None:
     """The endpoint's count probe, read (a line says what it found, or why nothing)."""
     cost = count_cost(records) if records else None
@@ -242,16 +301,18 @@ def _count_cost(name: str, records) -> CountCost | None:
 
 def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions | None = None,
          counts: CountCost | None = None, budget: int | None = None, reads: KVReads | None = None,
-         knee: float | None = None) -> Fit:
-    """The endpoint's fit; with a count cost, its prefill probes less what their new counts cost (counts.py
-    `paid`); knee: the small-batch knee to fit with (None: looked for)."""
-    decodes = [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode]
+         knee: float | None = None, logged: list[dict] | None = None) -> Fit:
+    """The endpoint's fit: its waves' decode windows, or the steps it said it ran (`logged`, logged.py), and
+    its prefill probes' TTFTs; with a count cost, the probes and the logged steps less what their new counts
+    cost (counts.py `paid`, RecentCounts); knee: the small-batch knee to fit with (None: looked for)."""
+    steps = (logged_samples(logged, reads, counts) if logged else
+             [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode])
     if counts and counts.new_count_s:
         probes = [dataclasses.replace(probe, sample=prefill_sample(probe.records, budget, cost, reads))
                   for probe, cost in zip(probes, paid([probe.records for probe in probes], counts, budget))]
         print(f"endpoint {name}: the prefill probes below are less what their new token counts cost")
-    samples = decodes + [probe.sample for probe in probes if probe.sample]
-    dropped = sum(1 for wave in waves if not wave.steps or wave.steps.decode is None)
+    samples = steps + [probe.sample for probe in probes if probe.sample]
+    dropped = 0 if logged else sum(1 for wave in waves if not wave.steps or wave.steps.decode is None)
     try:
         result = fit(samples, options, reads, knee)
         if counts and counts.new_count_s:
@@ -260,7 +321,10 @@ def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions 
         raise ConfigError(f"endpoint {name}: {error}" + (f" ({dropped} waves gave no clean decode window)"
                                                         if dropped else "")) from None
     print(f"endpoint {name}: fitted {result.summary()}")
-    for line in result.residual_lines():
+    lines = result.residual_lines()
+    if logged:      # hundreds of steps: by kind and batch size, and the probes' TTFTs one by one
+        lines = residual_table(result.cost, logged, steps) + lines[len(steps):]
+    for line in lines:
         print(line)
     median = float(np.median(np.abs(result.relative_residuals)))
     if median > MAX_MEDIAN_RESIDUAL:

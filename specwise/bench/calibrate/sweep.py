@@ -126,11 +126,12 @@ class Wave:
 
 @dataclass
 class Sweep:
-    """What a sweep measured: the prefill probes, each endpoint's count probe (its records in send order)
-    and the waves."""
+    """What a sweep measured: the prefill probes, each endpoint's count probe (its records in send order),
+    the waves, and the steps each endpoint that says them ran meanwhile (GET /steps lines, logged.py)."""
     probes: list["Probe"] = field(default_factory=list)
     counts: dict[str, list[RequestRecord]] = field(default_factory=dict)
     waves: list[Wave] = field(default_factory=list)
+    logged: dict[str, list[dict]] = field(default_factory=dict)
 
 
 @dataclass

@@ -193,6 +193,24 @@ async def announced(base_url: str, headers: dict | None = None) -> ServerSays:
                       _count(said.get("kv_cache_tokens")))
 
 
+async def server_steps(base_url: str, after: int, limit: int | None = None,
+                       headers: dict | None = None) -> tuple[list[dict], int] | None:
+    """(the steps the server ran, numbered from 0, from `after` on, at most `limit`; the next step's number):
+    `specwise serve`'s GET /steps (engine/step_log.py), each {"seconds", "fed", "cached", "sampled",
+    "prompt_tokens", ...}; limit 0: the next number alone, a mark. None where the server says none (vLLM,
+    SGLang), or says them in another shape."""
+    query = f"after={after}" + (f"&limit={limit}" if limit is not None else "")
+    async with httpx.AsyncClient(timeout=60.0, headers=headers or {}) as client:
+        said = await _json(client, f"{server_root(base_url)}/steps?{query}")
+    following = said.get("next") if isinstance(said, dict) else None
+    if not isinstance(following, int) or isinstance(following, bool) or not isinstance(said.get("steps"), list):
+        return None
+    lines = said["steps"]
+    if not all(isinstance(line, dict) and {"seconds", "fed", "cached", "sampled"} <= line.keys() for line in lines):
+        return None
+    return lines, following
+
+
 async def _json(client: httpx.AsyncClient, url: str):
     try:
         return (await client.get(url)).json()
