@@ -453,7 +453,8 @@ def test_a_server_that_says_its_steps_is_fitted_on_them(logging_servers, tmp_pat
     """Both servers say every step the sweep ran: fitted on those (and the probes' TTFTs for the request
     overhead), the known cost comes back within 2%, the speculating server's too (each step's own seconds:
     no chunk's arrival jitter, no window to infer). The steps are kept beside the profile: --refit fits them
-    again to the same figures, and --refit --no-server-steps fits what the client saw of them instead."""
+    again to the same figures, --refit --no-server-steps fits what the client saw of them instead, and so does
+    a refit beside a sweep that kept none (a line says so)."""
     path, again, client = tmp_path / "profile.json", tmp_path / "again.json", tmp_path / "client.json"
     plain, speculating = logging_servers
     assert main(["calibrate", "--endpoint", plain, "--speculative-arm", f"ngram={speculating}", *SWEEP,
@@ -485,6 +486,13 @@ def test_a_server_that_says_its_steps_is_fitted_on_them(logging_servers, tmp_pat
     seen = json.loads(client.read_text())["linear"]
     assert seen["steps"] == len(data["calibration"]["waves"]) // 2 + probes
     assert seen["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
+    # fitted with a sweep that kept no steps: both as the client saw them, not one sweep's steps and the other's probes
+    unlogged = tmp_path / "unlogged.json"
+    unlogged.write_text(json.dumps(data | {"calibration": {key: value for key, value in data["calibration"].items()
+                                                           if key != "steps"}}))
+    assert main(["calibrate", "--refit", str(path), str(unlogged), "--output", str(client)]) == 0
+    assert "ngram, off said its steps in some of these sweeps, not all" in capsys.readouterr().out
+    assert json.loads(client.read_text())["linear"]["steps"] == 2 * seen["steps"]
 
 
 def test_sweeps_at_two_times_are_refitted_as_one(servers, slower_servers, tmp_path, capsys):

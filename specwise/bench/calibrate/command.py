@@ -20,6 +20,10 @@ A prompt longer than the server's token budget is prefilled in chunks, a step ea
 its KV cache (engine/cost/kv_reads.py: ours in padded groups) comes the same way, from --kv-reads, else the
 server, else each sequence reads its own: a wave's KV tokens are counted so, and the profile keeps it.
 
+A server that says the steps it ran (`specwise serve`'s GET /steps) is fitted on those instead of its
+waves' chunks (logged.py): the number of its next step is noted before the sweep, the steps from there
+read after it, and kept beside the profile (profile.steps.jsonl); --no-server-steps fits the waves.
+
 Every request the sweep sent is kept beside the profile (profile.requests.jsonl, the evaluator's
 record format), so that `calibrate --refit PROFILE` fits the same sweep again (with
 --fit-attention-pairs, say) without a server.
@@ -159,7 +163,7 @@ def refit(profile_paths: list[str], output: str, options: FitOptions | None = No
     if budget is not None and budget < 1:
         raise ConfigError("calibrate --refit: --max-num-batched-tokens must be at least 1")
     reads = kv_reads if kv_reads is not None else design.get("kv_reads") or "none"
-    sweep = Sweep()
+    sweep, said = Sweep(), {}           # said: endpoint -> the steps it said in each sweep that kept them
     for path, other, requests in recorded:
         shared = {(w["endpoint"], wave_tag(w["batch_size"], w["prompt_tokens"])): tuple(w["shared_drafts"])
                   for w in other["calibration"].get("waves", []) if w.get("shared_drafts")}
@@ -171,7 +175,14 @@ def refit(profile_paths: list[str], output: str, options: FitOptions | None = No
         sweep.waves += one.waves
         sweep.counts |= one.counts
         for name, lines in _kept_steps(path, other).items():
-            sweep.logged.setdefault(name, []).extend(lines)
+            said.setdefault(name, []).append(lines)
+    # an endpoint fitted on its steps in every sweep or in none: a sweep without them would count only its probes
+    partial = sorted(name for name, sweeps in said.items() if len(sweeps) < len(recorded))
+    if partial:
+        print(f"calibrate --refit: {', '.join(partial)} said its steps in some of these sweeps, not all: what the "
+              f"client saw of them is fitted")
+    sweep.logged = {name: [line for lines in sweeps for line in lines] for name, sweeps in said.items()
+                    if name not in partial}
     calibration = {key: value for key, value in calibration.items() if key != "steps"}
     if len(recorded) > 1:       # a refit of this profile refits the sweeps it was fitted from
         calibration |= {"refitted_from": profile_paths, "requests": [str(r) for _, _, r in recorded]}
