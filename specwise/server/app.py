@@ -72,7 +72,7 @@ def api_routes(serving: Serving, config: ServerConfig, model: str, keys: list[st
     async def steps(after: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)):
         # the steps the engine ran, numbered from 0, from `after` on, at most `limit` (engine/step_log.py: the last
         # KEPT_STEPS), for `calibrate --endpoint` to fit; behind the keys, as a step's rows tell its requests' lengths
-        lines, following = serving.engine.step_log.since(after, limit)
+        lines, following = await asyncio.to_thread(serving.engine.step_log.since, after, limit)   # parsing: off the loop
         return {"steps": lines, "next": following}
 
     formatter = LogprobFormatter(serving.engine.tokenizer)

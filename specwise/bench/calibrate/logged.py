@@ -8,11 +8,12 @@ sees every step of the sweep as it was, the prompt chunks among decodes too; the
 TTFTs stay in the fit for what no step holds, the request overhead (a TTFT = the prompt's steps + the
 overhead, engine/cost/step_fit.py).
 
-Why (docs/calculators.md, 2026-12-07): in one run on the 2-core VM the client's fit took a prompt token's
-cost from its probes, where the 1,024-token probe's second chunk ran 512 tokens over 512 cached in
-2.74-2.88 s against 1.86-1.93 s for its first, and predicted the evaluation's steps with a prompt chunk
-14-22% high; the same model fitted on the 448 steps the server logged during that sweep predicted them
-within 1-2%.
+Why (docs/calculators.md, 2026-12-07): the client's fit takes a prompt token's cost from its probes, where
+our server's 1,024-token probe ran its second chunk, 512 tokens over 512 cached, in 2.74-2.88 s against
+1.86-1.93 s for its first; it predicted an evaluation's steps with a prompt chunk 14-22% high, the same
+model fitted on the server's 448 logged sweep steps within 1-2%. Replayed end to end (09:24), a sweep
+fitted on its steps: TTFT, TPOT and throughput medians 2.7, 2.6 and 1.2%; as the client saw it 5.6, 9.3
+and 6.7%.
 
 A step of a token count the server had not run lately paid what the count probe measured (counts.py),
 where it ran: it comes off the logged seconds of each step whose count was new, walked in order
