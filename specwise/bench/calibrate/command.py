@@ -251,8 +251,8 @@ def _write_profile(urls: dict[str, str], sweep: Sweep, calibration: dict, model:
         logged = sweep.logged.get(name) if options.server_steps else None
         return _fit(name, [w for w in sweep.waves if w.endpoint == name],
                     [p for p in sweep.probes if p.endpoint == name],
-                    _with_logged_pairs(options, given) if logged else options, counts.get(name), budget, reads, knee,
-                    logged)
+                    with_pairs_decided(given, sweep.probes, logged=True) if logged else options, counts.get(name),
+                    budget, reads, knee, logged)
 
     fits = {PLAIN_ENDPOINT: endpoint_fit(PLAIN_ENDPOINT)}
     fits |= {name: endpoint_fit(name, fits[PLAIN_ENDPOINT].cost.min_tokens) for name in urls if name != PLAIN_ENDPOINT}
@@ -274,28 +274,22 @@ def _swept(sweep: Sweep) -> dict:
             "waves": [_wave_json(wave) for wave in sweep.waves]}
 
 
-def with_pairs_decided(options: FitOptions, probes: list[Probe]) -> FitOptions:
-    """options with the attention pairs fitted, where left to calibrate (None), if the server prefilled every
-    probe in one step. A prompt prefilled whole computes n (n + 1) / 2 pairs, which a line in its tokens cannot
-    follow: four prompts admitted into one step cost far less than one prompt as long (vLLM, 2026-12-06: 757 ms
-    measured at concurrency 4, 905 predicted without the pairs, 724 with them), and the pairs cut the worst
-    TTFT in all six vLLM sweeps tried. A server that runs a longer prompt in chunks (ours, 512 tokens a step)
-    computes a later chunk's pairs against the cache, on another path at another cost a pair, and its replays
-    came out worse with them in most sweeps."""
+def with_pairs_decided(options: FitOptions, probes: list[Probe], logged: bool = False) -> FitOptions:
+    """options with the attention pairs fitted, where left to calibrate (None), if the fit has the steps the
+    server said it ran (logged), or else if the server prefilled every probe in one step. A prompt prefilled
+    whole computes n (n + 1) / 2 pairs, which a line in its tokens cannot follow: four prompts admitted into
+    one step cost far less than one prompt as long (vLLM, 2026-12-06: 757 ms measured at concurrency 4, 905
+    predicted without the pairs, 724 with them), and the pairs cut the worst TTFT in all six vLLM sweeps tried.
+    A server that runs a longer prompt in chunks (ours, 512 tokens a step) computes a later chunk's pairs
+    against the cache, on another path at another cost a pair, and fitted on what the client saw its replays
+    came out worse with them in most sweeps. Its own steps give every chunk whole (alone, beside decodes, over
+    the cache of the chunks before), which tells the pairs from the tokens: our server's two sweeps of
+    2026-12-07 09:03, fitted on its steps with and without them and replayed (median TTFT, TPOT, tok/s
+    error): 2.6, 4.4, 2.8% with, 2.8, 4.7, 3.3% without; 2.1, 2.9, 1.9% with, 1.4, 3.1, 2.3% without."""
     if options.fit_attention_pairs is not None:
         return options
-    whole = bool(probes) and all(probe.sample is None or probe.sample.steps == 1 for probe in probes)
+    whole = logged or (bool(probes) and all(probe.sample is None or probe.sample.steps == 1 for probe in probes))
     return dataclasses.replace(options, fit_attention_pairs=whole)
-
-
-def _with_logged_pairs(options: FitOptions, given: FitOptions) -> FitOptions:
-    """options for a fit of the steps a server said it ran: the attention pairs fitted unless the flags say
-    not. Its steps give every prompt chunk whole (alone, beside decodes, over the cache of the chunks before),
-    so the pairs are told from the tokens wherever the prompts differ; the client's view cannot tell them in
-    a chunking server (`with_pairs_decided`). Our server's two sweeps of 2026-12-07 09:03, fitted on its
-    logged steps with and without them and replayed (median TTFT, TPOT, tok/s error): 2.6, 4.4, 2.8% with,
-    2.8, 4.7, 3.3% without; 2.1, 2.9, 1.9% with, 1.4, 3.1, 2.3% without."""
-    return options if given.fit_attention_pairs is not None else dataclasses.replace(options, fit_attention_pairs=True)
 
 
 def _count_cost(name: str, records) -> CountCost | None:
