@@ -15,7 +15,7 @@ from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.calc.roofline import RooflineCost
 from specwise.engine.cost.step_profile import ProfileCost
 from specwise.sim.flat import FlatSimulator
-from specwise.sim.request_acceptance import Draws, from_counts
+from specwise.sim.request_acceptance import Draws, Replay, from_counts, from_record
 from specwise.sim.simulator import SimServerConfig
 
 DEPLOYMENT = Deployment.from_config(DeploymentConfig(model="llama-3.1-8b", gpu="h100-sxm"))
@@ -86,6 +86,44 @@ def test_from_counts():
     draws = from_counts(drafts=2, per_position=[2, 1, 0, 0], output_tokens=6, accepted=3, k=4, draft_tokens=6)
     assert draws.rates.tolist() == [1.0, 0.5, 0.0, 0.0] and draws.fraction == 1.0 and draws.length == 0.75
     assert from_counts(0, [], output_tokens=5, accepted=0, k=4).fraction == 0.0
+
+
+def test_a_replay_places_the_measured_drafts_as_counted():
+    """6 decode steps, 3 drafts of 9 tokens accepting 2, 1 and 0 (per-position [2, 1, 0, 0]): one
+    draft of each length, at steps 1, 3 and 5 (not the last, which has no room), 3 tokens each."""
+    replay = Replay.of(drafts=3, per_position=[2, 1, 0, 0], output_tokens=10, accepted=3, draft_tokens=9, k=4)
+    assert replay.steps == 6 and [replay.draft(step) for step in range(1, 7)] == [(0, 3), None, (2, 3), None,
+                                                                                (1, 3), None]
+    # drafts at every step where the request drafted at each; 10 tokens over 3 drafts, the shortest
+    # lengthened first: 4, 3, 3
+    assert Replay.of(3, [1], output_tokens=5, accepted=1, draft_tokens=10, k=4).drafts == {
+        1: (0, 4), 2: (1, 3), 3: (0, 3)}
+    # a draft is as long as what it accepted: 7 of 15 accepted all 4, the 24 tokens left over the other 8
+    replay = Replay.of(15, [13, 11, 9, 7], output_tokens=64, accepted=40, draft_tokens=52, k=4)
+    assert sorted(replay.drafts.values()) == [(0, 3)] * 2 + [(1, 3)] * 2 + [(2, 3)] * 2 + [(3, 3)] * 2 + [(4, 4)] * 7
+
+
+def test_a_replayed_request_runs_its_measured_drafts_and_steps():
+    """`simulate --validate` replays each request's own counters: beside each other at concurrency 3,
+    each simulated request drafts, accepts per position and steps exactly as measured."""
+    measured = [RequestRecord(arm="ngram-k4", method="ngram", load_kind="concurrency", load_value=3, category="chat",
+                              request_id=name, prompt_tokens=20, output_tokens=output, send_time=0.0, ttft=0.1, e2e=1.0,
+                              drafts=drafts, draft_tokens=drafted, accepted_tokens=sum(positions),
+                              accepted_per_position=positions)
+                for name, output, drafts, drafted, positions in [("a", 64, 3, 12, [2, 1, 1, 0]),
+                                                                 ("b", 64, 15, 52, [13, 11, 9, 7]),
+                                                                 ("c", 40, 1, 4, [0, 0, 0, 0])]]
+    requests = [WorkloadRequest(request_id=r.request_id, category="chat", max_tokens=r.output_tokens,
+                                prompt_tokens=r.prompt_tokens) for r in measured]
+    own = {r.request_id: from_record(r, 4, replay=True) for r in measured}
+    arm = parse_arm("ngram:k=4,alpha=0.5", COST, DEPLOYMENT)
+    result = FlatSimulator(constant_cost(), SimServerConfig(), 100_000).run(requests, arm, LoadPoint("concurrency", 3),
+                                                                            own=own)
+    for simulated, real in zip(result.records, measured):
+        assert (simulated.drafts, simulated.draft_tokens, simulated.accepted_tokens, simulated.accepted_per_position) \
+            == (real.drafts, real.draft_tokens, real.accepted_tokens, real.accepted_per_position)
+        # one chunk for the prefill's token, then one a decode step
+        assert len(simulated.chunk_tokens) == 1 + real.output_tokens - 1 - real.accepted_tokens
 
 
 def test_short_drafts_keep_the_measured_acceptance_rate():

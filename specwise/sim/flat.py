@@ -9,7 +9,7 @@ and no model, and calls the same `draft_room` and `step_done` bookkeeping as LLM
 simulated step's rows, tokens and preemptions are the engine's for the same state.
 
 What the model adds: how long each step takes (the step-cost model, below), how many drafts each
-verification accepts (drawn per request: sim/request_acceptance.py) and how long each output
+verification accepts (drawn per request, or a replayed request's own as counted: sim/request_acceptance.py) and how long each output
 is (the workload's max_tokens: measured lengths or a trace's, reached like EOS would be).
 
 A step's time. Decode part, n sequences over C cached tokens: a plain step, plus the draft rows
@@ -271,7 +271,12 @@ class _Run:
                 r.verifications += 1
                 u, v, w = (r.start + r.verifications * WEYL) % 1.0
                 depth = min(k, room) if not self.tree_rows else k
-                if v < r.draws.fraction:
+                if r.draws.replay is not None:
+                    # a measured request's own drafts, as counted; a short room cuts a draft as it would
+                    replayed = r.draws.replay.draft(r.verifications)
+                    if replayed is not None:
+                        accepted, drafted = min(replayed[0], depth), min(replayed[1], depth)
+                elif v < r.draws.fraction:
                     accepted = int(np.sum(u < r.draws.rates[:depth]))
                     # a draft of the request's mean length: floor or ceiling of length x depth, never
                     # shorter than what it accepts

@@ -9,13 +9,18 @@ matches often run short of k), never fewer than the drafts it accepts.
 
 Where the values come from, best first:
   - `own`: the measured record of the same request in the same arm (`simulate --validate`
-    replays a run request for request);
+    replays a run request for request). Its drafts are replayed as counted, not drawn
+    (`Replay`): the same number of drafts, each accepting one of the measured lengths, spread
+    evenly over its decode steps, so the request runs its measured number of steps;
   - the arm's measured requests (`from=RESULTS_DIR`): a request draws one measured request of
     its category (any category where its own has none), so the request-to-request spread
     of a real workload is kept;
   - the arm's aggregate acceptance (alpha, positions, rate): the same for every request.
 """
 
+import dataclasses
+import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,11 +29,64 @@ from specwise.bench.results import RequestRecord
 from specwise.calc.arms import SpecArm
 
 
+# the golden ratio's fraction: the n-th of a request's replayed drafts is the one at rank frac(n x PHI)
+PHI = (5 ** 0.5 - 1) / 2
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A measured request's drafts, replayed as counted. Its per-position counters tell how many
+    drafts accepted exactly j tokens (those accepting at least j less those accepting at least
+    j + 1); the replay verifies that many drafts of each length, in an order spread by PHI (not
+    all the long ones first), the i-th of its D drafts at its decode step 1 + floor((i + 1/2)
+    (S - 1) / D) of S: spread evenly over all but the last, where a request has no room left to
+    draft (at every step where it drafted at each), each as long as it accepted and the measured draft
+    tokens shared out over the shortest (`_water_fill`; the total exact). Worked
+    example: 6 decode steps, per-position [2, 1, 0, 0] over 3 drafts of 9 tokens: accepted lengths
+    0, 2 and 1 (in PHI's order) at steps 1, 3 and 5, each 3 tokens long."""
+    steps: int                                   # the request's measured decode steps: output - 1 - accepted
+    drafts: dict[int, tuple[int, int]]           # decode step (1-based) -> (accepted, drafted) there
+
+    @classmethod
+    def of(cls, drafts: int, per_position, output_tokens: int, accepted: int, draft_tokens: int | None,
+           k: int) -> "Replay":
+        at_least = [drafts, *[int(c) for c in (per_position or [])][:k], 0]
+        lengths = [j for j in range(len(at_least) - 1) for _ in range(max(at_least[j] - at_least[j + 1], 0))]
+        lengths = [lengths[i] for i in np.argsort((np.arange(len(lengths)) * PHI) % 1.0, kind="stable")]
+        count, steps = len(lengths), max(output_tokens - 1 - accepted, 1)
+        drafted = _water_fill(lengths, int(draft_tokens) if draft_tokens else k * count, k)
+        # the i-th draft's step: spread over all but the last, or every step where it drafted at each
+        at = [1 + math.floor((i + 0.5) * (steps - 1) / count) if count < steps else i + 1 for i in range(count)]
+        return cls(steps, {at[i]: (lengths[i], drafted[i]) for i in range(count)})
+
+    def draft(self, step: int) -> tuple[int, int] | None:
+        """(accepted, drafted) at the request's step-th decode step that had room to draft, or None."""
+        return self.drafts.get(step)
+
+
+def _water_fill(accepted: list[int], total: int, k: int) -> list[int]:
+    """Each draft's length: at least what it accepted, at most k, the shortest lengthened one token at a
+    time until the lengths sum to total (or every draft is k long). Worked example: accepted [4, 0, 1],
+    7 tokens, k = 4: [4, 2, 1] (a tie goes to the earlier draft)."""
+    drafted = list(accepted)
+    shortest = [(length, i) for i, length in enumerate(drafted) if length < k]
+    heapq.heapify(shortest)
+    for _ in range(max(total - sum(drafted), 0)):
+        if not shortest:
+            break
+        length, i = heapq.heappop(shortest)
+        drafted[i] = length + 1
+        if length + 1 < k:
+            heapq.heappush(shortest, (length + 1, i))
+    return drafted
+
+
 @dataclass(frozen=True)
 class Draws:
     rates: np.ndarray          # [k] probability that draft position i + 1 is accepted
     fraction: float            # share of the request's decode steps that carry drafts, in [0, 1]
     length: float = 1.0        # mean drafted tokens per draft / k: n-gram matches run short of k
+    replay: Replay | None = None    # a measured request's own drafts, replayed as counted (not drawn)
 
 
 def from_counts(drafts: int, per_position, output_tokens: int, accepted: int, k: int,
@@ -50,11 +108,17 @@ def from_counts(drafts: int, per_position, output_tokens: int, accepted: int, k:
     return Draws(rates, min(1.0, drafts / steps) if steps > 0 else 1.0, length)
 
 
-def from_record(record: RequestRecord, k: int) -> Draws | None:
+def from_record(record: RequestRecord, k: int, replay: bool = False) -> Draws | None:
+    """A measured request's Draws; replay: its own drafts as counted (`Replay`), for the same request."""
     if record.drafts is None or record.error:
         return None
-    return from_counts(record.drafts, record.accepted_per_position, record.output_tokens,
-                       record.accepted_tokens or 0, k, record.draft_tokens)
+    draws = from_counts(record.drafts, record.accepted_per_position, record.output_tokens,
+                        record.accepted_tokens or 0, k, record.draft_tokens)
+    if draws is None or not replay or record.drafts <= 0:
+        return draws
+    return dataclasses.replace(draws, replay=Replay.of(record.drafts, record.accepted_per_position,
+                                                       record.output_tokens, record.accepted_tokens or 0,
+                                                       record.draft_tokens, k))
 
 
 def assign(requests, arm: SpecArm, k: int, seed: int, own: dict[str, Draws] | None = None) -> list[Draws]:

@@ -1,7 +1,7 @@
 """`specwise simulate --validate RESULTS_DIR`: a measured `evaluate` run, replayed on paper.
 
 The same requests (each with its measured prompt and output length and its own measured
-acceptance counters, a session's turn sent after the turn before it has finished, as evaluate
+drafts, replayed as counted: sim/request_acceptance.py `Replay`; a session's turn sent after the turn before it has finished, as evaluate
 sends them), at the same load points, in the same rounds, for the same arms, through
 the flat simulator (sim/flat.py) with the engine's batch limits and KV cache from run.json and
 the given step-cost model (`--profile`). A closed-loop round is replayed as a closed loop of the
@@ -231,7 +231,7 @@ def _replay(simulator: FlatSimulator, arm: SpecArm, load: LoadPoint, round_, rec
     requests = [WorkloadRequest(request_id=r.request_id, category=r.category, max_tokens=max(1, r.output_tokens),
                                 prompt_tokens=max(1, r.prompt_tokens)) for r in records]
     k = arm.policy.max_k if arm.speculative else 0
-    own = {r.request_id: d for r in records if (d := from_record(r, k)) is not None} if k else None
+    own = {r.request_id: d for r in records if (d := from_record(r, k, replay=True)) is not None} if k else None
     arrivals = None if load.kind == "concurrency" else [r.send_time - start for r in records]
     follows = {}                                   # repeats ("id#2") follow their own session's turns
     for r in records:
