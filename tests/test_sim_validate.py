@@ -16,13 +16,15 @@ import json
 import numpy as np
 import pytest
 
+from specwise.bench.report.recommend import recommend
+from specwise.bench.report.summary import summarize
 from specwise.bench.results import RequestRecord, read_records, read_run_info
 from specwise.calc.deployment import Deployment, DeploymentConfig
 from specwise.cli import main
 from specwise.engine.cost.step_profile import ProfileCost
 from specwise.sim.simulator import SimServerConfig
 from specwise.sim.validate import (Validation, compare, measured_workload, plan_positions, report, server_from_run,
-                                   session_turns, validate)
+                                   session_turns, validate, verdict_lines)
 from specwise.sim.validation_plot import validation_figure
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "num_kv_blocks": 256,
@@ -159,6 +161,34 @@ def test_output_keeps_the_comparison_as_text_json_and_a_plot(tmp_path, capsys):
     assert saved["verdicts"] == {"agree": 0, "decided": 0, "cant_tell": 1} and saved["not_replayed"] == {}
     assert by_arm["ngram-k4"]["verdict"]["measured"] == "can't tell" and by_arm["off"]["verdict"]["measured"] is None
     assert (out_dir / "validation.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_a_decided_verdict_says_what_it_stands_on():
+    """Six requests a arm, n-gram's TPOT half the baseline's: "pays" on both sides of a run held against
+    itself, and its line carries the report's own speedup, throughput ratio and intervals."""
+    records = []
+    for index in range(6):
+        for arm, tpot in (("off", 0.020 + 0.001 * index), ("ngram-k4", 0.010 + 0.0005 * index)):
+            records.append(RequestRecord(arm=arm, method=arm.partition("-")[0], load_kind="concurrency", load_value=1,
+                                         category="chat", request_id=f"q{index}", prompt_tokens=8, output_tokens=11,
+                                         send_time=index, ttft=0.010, e2e=0.010 + 10 * tpot,
+                                         chunk_times=[0.010 + step * tpot for step in range(11)], chunk_tokens=[1] * 11))
+    run = {"tool": "evaluate", "baseline": "off", "arms": [{"name": "off", "method": "off", "k": 0},
+                                                           {"name": "ngram-k4", "method": "ngram", "k": 4}],
+           "loads": [{"kind": "concurrency", "value": 1}]}
+    point = next(p for p in compare(records, records, run) if p.arm == "ngram-k4")
+    verdict = recommend(summarize(records, run)).verdicts[0]
+    assert point.verdicts == ("pays", "pays") and point.speedups[0] == point.speedups[1]
+    measured = point.speedups[0]
+    assert (measured.speedup, measured.interval, measured.throughput, measured.throughput_interval) == (
+        verdict.speedup[1], verdict.intervals[1], verdict.throughput_ratio[1], verdict.throughput_intervals[1])
+    assert measured.interval[0] >= 1.05 and measured.speedup == pytest.approx(np.mean([20 + i for i in range(6)])
+                                                                             / np.mean([10 + i / 2 for i in range(6)]))
+    line = f"ngram-k4 c=1: meas pays at {measured.text()}; pred pays at {measured.text()} (tpot_mean speedup; " \
+           f"pays: lower ends >= 1.05x and 0.97x)"
+    assert verdict_lines([point]) == ["  " + line] and line in report(Validation([point]))
+    assert measured.text().startswith(f"{measured.speedup:.2f}x [{measured.interval[0]:.2f}, ")
+    assert Validation([point]).to_json()["points"][0]["speedup"]["measured"]["interval"] == measured.interval
 
 
 def test_the_plot_draws_each_arms_measured_and_predicted_figures_and_errors(tmp_path):

@@ -28,7 +28,7 @@ requests' per-position acceptance counters.
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.bench.inputs.request import WorkloadRequest
@@ -36,7 +36,7 @@ from specwise.bench.load.arrivals import LoadPoint
 from specwise.bench.load.order import seeded_order
 from specwise.bench.load.plan import load_workload
 from specwise.bench.load.sessions import session_key
-from specwise.bench.report.recommend import UNSURE, recommend
+from specwise.bench.report.recommend import UNSURE, ArmVerdict, Recommendation, recommend
 from specwise.bench.report.summary import ALL, summarize
 from specwise.bench.results import RequestRecord, read_records, read_run_info
 from specwise.calc.arms import MODEL_FREE, OFF, SpecArm, build_arm
@@ -53,6 +53,28 @@ METRICS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("step", "step"), ("tok/s", "thro
 REPLAYABLE = ("off", *MODEL_FREE, "lookahead")
 
 
+@dataclass(frozen=True)
+class Speedup:
+    """What a verdict stands on (bench/report/recommend.py): the paired latency speedup over the baseline and
+    the throughput ratio, each with its interval (None: too few pairs), and the bounds "pays" needs their
+    lower ends to clear."""
+    speedup: float | None
+    interval: list[float] | None
+    throughput: float | None
+    throughput_interval: list[float] | None
+    margin: float
+    floor: float
+    metric: str = "tpot_mean"
+
+    def text(self) -> str:
+        """e.g. "1.30x [1.10, 1.68], tok/s 1.25x [1.10, 1.47]"."""
+        def one(value, interval):
+            if value is None:
+                return "-"
+            return f"{value:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else " (no interval)")
+        return f"{one(self.speedup, self.interval)}, tok/s {one(self.throughput, self.throughput_interval)}"
+
+
 @dataclass
 class PointComparison:
     arm: str
@@ -61,6 +83,7 @@ class PointComparison:
     measured: dict[str, float | None]
     predicted: dict[str, float | None]
     verdicts: tuple[str | None, str | None] = (None, None)      # measured, predicted (None for the baseline)
+    speedups: tuple[Speedup | None, Speedup | None] = (None, None)      # what each verdict stands on
 
     def error(self, key: str) -> float | None:
         real, model = self.measured.get(key), self.predicted.get(key)
@@ -90,7 +113,9 @@ class Validation:
         """validation.json (`--output`): every point's figures and errors, then the summary lines' figures."""
         points = [{"arm": p.arm, "load_kind": p.load_kind, "load_value": p.load_value, "measured": p.measured,
                    "predicted": p.predicted, "error": {key: p.error(key) for _, key in METRICS},
-                   "verdict": dict(zip(("measured", "predicted"), p.verdicts))} for p in self.points]
+                   "verdict": dict(zip(("measured", "predicted"), p.verdicts)),
+                   "speedup": dict(zip(("measured", "predicted"), (asdict(s) if s else None for s in p.speedups)))}
+                  for p in self.points]
         summary = {key: dict(zip(("median_abs_error", "worst_abs_error", "points"), figures))
                    for _, key in METRICS if (figures := self.error_summary(key))}
         agree, decided, unsure = self.verdict_counts()
@@ -269,16 +294,27 @@ def compare(measured: list[RequestRecord], predicted: list[RequestRecord], run: 
     options = {key: criteria[name] for key, name in (("metric", "pay_metric"), ("margin", "margin"),
                                                      ("throughput_floor", "throughput_floor")) if name in criteria}
     real, model = summarize(measured, run), summarize(predicted, {**run, "tool": "simulate"})
-    calls = [{(v.arm, v.load_kind): v.calls for v in recommend(s, **options).verdicts} for s in (real, model)]
+    calls = [recommend(s, **options) for s in (real, model)]
+    by_arm = [{(v.arm, v.load_kind): v for v in r.verdicts} for r in calls]
     points = []
     for row in real.rows:
         if row.category != ALL:
             continue
         key = (row.arm, row.load_kind, row.load_value)
-        verdicts = tuple(c.get(key[:2], {}).get(row.load_value) for c in calls)
+        verdicts = tuple(arms[key[:2]].calls.get(row.load_value) if key[:2] in arms else None for arms in by_arm)
+        speedups = tuple(_speedup(arms.get(key[:2]), row.load_value, r) for arms, r in zip(by_arm, calls))
         points.append(PointComparison(*key, _figures(real, *key) | {"step": median_step(measured, *key)},
-                                      _figures(model, *key) | {"step": median_step(predicted, *key)}, verdicts))
+                                      _figures(model, *key) | {"step": median_step(predicted, *key)}, verdicts,
+                                      speedups))
     return points
+
+
+def _speedup(verdict: ArmVerdict | None, load: float, recommendation: Recommendation) -> Speedup | None:
+    if verdict is None or load not in verdict.speedup:
+        return None
+    return Speedup(verdict.speedup.get(load), verdict.intervals.get(load), verdict.throughput_ratio.get(load),
+                   verdict.throughput_intervals.get(load), recommendation.margin, recommendation.throughput_floor,
+                   recommendation.metric)
 
 
 def median_step(records: list[RequestRecord], arm: str, kind: str, value: float) -> float | None:
@@ -309,11 +345,28 @@ def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
     agree, decided, unsure = validation.verdict_counts()
     lines.append(f"verdicts: {agree} of {decided} agree where {decided_by} decided one "
                  f"({unsure} points where it can't tell)")
+    lines += verdict_lines(validation.points, labels)
     for arm, why in validation.skipped.items():
         lines.append(f"not replayed: {arm} ({why})")
     if validation.assumed:
         lines.append(validation.assumed)
     return "\n".join(lines)
+
+
+def verdict_lines(points: list[PointComparison], labels: tuple[str, str] = ("meas", "pred")) -> list[str]:
+    """Each point the first side decided, with what both verdicts stand on: "pays" needs the speedup's
+    lower end at 1 + margin or more and the throughput ratio's at the floor or more. Worked example (our
+    server, 2026-12-07 12:07): mean-TPOT speedup measured 1.30x [1.11, 1.68], pays; predicted 1.21x [1.03,
+    1.55], can't tell: its lower end 2 points under 1.05."""
+    lines = []
+    for p in points:
+        if p.verdicts[0] in (None, UNSURE) or None in p.speedups:
+            continue
+        first, second = p.speedups
+        lines.append(f"  {p.arm} {_load(p.load_kind, p.load_value)}: {labels[0]} {p.verdicts[0]} at "
+                     f"{first.text()}; {labels[1]} {p.verdicts[1]} at {second.text()} ({first.metric} speedup; "
+                     f"pays: lower ends >= {1 + first.margin:.2f}x and {first.floor:.2f}x)")
+    return lines
 
 
 def write_predicted(out_dir, validation: Validation, run: dict) -> None:
