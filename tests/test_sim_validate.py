@@ -164,7 +164,7 @@ def test_output_keeps_the_comparison_as_text_json_and_a_plot(tmp_path, capsys):
 
 
 def test_a_decided_verdict_says_what_it_stands_on():
-    """Six requests a arm, n-gram's TPOT half the baseline's: "pays" on both sides of a run held against
+    """Six requests an arm, n-gram's TPOT half the baseline's: "pays" on both sides of a run held against
     itself, and its line carries the report's own speedup, throughput ratio and intervals."""
     records = []
     for index in range(6):

@@ -9,8 +9,9 @@ and no model, and calls the same `draft_room` and `step_done` bookkeeping as LLM
 simulated step's rows, tokens and preemptions are the engine's for the same state.
 
 What the model adds: how long each step takes (the step-cost model, below), how many drafts each
-verification accepts (drawn per request, or a replayed request's own as counted: sim/request_acceptance.py) and how long each output
-is (the workload's max_tokens: measured lengths or a trace's, reached like EOS would be).
+verification accepts (drawn per request, or a replayed request's own as counted:
+sim/request_acceptance.py) and how long each output is (the workload's max_tokens: measured
+lengths or a trace's, reached like EOS would be).
 
 A step's time. Decode part, n sequences over C cached tokens: a plain step, plus the draft rows
 fed as a share of n x k times the difference to a full verification of 1 + k rows (lookahead:

@@ -1,11 +1,12 @@
 """Acceptance per simulated request: drawn from measured requests, not one rate for all.
 
-Each simulated request gets its own per-position acceptance p_1 >= ... >= p_k and its own
-share of decode steps that carry drafts. A verification step of that request draws one
-uniform u and accepts the drafts at positions i with u < p_i (so position i is accepted
-only if every earlier one was, with probability p_i overall), and one more uniform against
-the drafting share (n-gram lookup finds no match at some steps and verifies 1 token). A drafting step's length is the request's measured mean share of k (n-gram
-matches often run short of k), never fewer than the drafts it accepts.
+Each simulated request gets its own per-position acceptance p_1 >= ... >= p_k and its own share
+of decode steps that carry drafts. A verification step of that request draws one uniform u and
+accepts the drafts at positions i with u < p_i (so position i is accepted only if every earlier
+one was, with probability p_i overall), and one more uniform against the drafting share (n-gram
+lookup finds no match at some steps and verifies 1 token). A drafting step's length is the
+request's measured mean share of k (n-gram matches often run short of k), never fewer than the
+drafts it accepts.
 
 Where the values come from, best first:
   - `own`: the measured record of the same request in the same arm (`simulate --validate`
@@ -38,12 +39,12 @@ class Replay:
     """A measured request's drafts, replayed as counted. Its per-position counters tell how many
     drafts accepted exactly j tokens (those accepting at least j less those accepting at least
     j + 1); the replay verifies that many drafts of each length, in an order spread by PHI (not
-    all the long ones first), the i-th of its D drafts at its decode step 1 + floor((i + 1/2)
-    (S - 1) / D) of S: spread evenly over all but the last, where a request has no room left to
-    draft (at every step where it drafted at each), each as long as it accepted and the measured draft
-    tokens shared out over the shortest (`_water_fill`; the total exact). Worked
-    example: 6 decode steps, per-position [2, 1, 0, 0] over 3 drafts of 9 tokens: accepted lengths
-    0, 2 and 1 (in PHI's order) at steps 1, 3 and 5, each 3 tokens long."""
+    all the long ones first). The i-th of its D drafts comes at decode step 1 + floor((i + 1/2)
+    (S - 1) / D) of its S: spread evenly over all but the last, where a request has no room left
+    to draft (at every step, where it drafted at every one). Each draft is at least as long as
+    what it accepted, the measured draft tokens shared out over the shortest (`_water_fill`; the
+    total exact). Worked example: 6 decode steps, per-position [2, 1, 0, 0] over 3 drafts of 9
+    tokens: accepted lengths 0, 2 and 1 (in PHI's order) at steps 1, 3 and 5, each 3 tokens long."""
     steps: int                                   # the request's measured decode steps: output - 1 - accepted
     drafts: dict[int, tuple[int, int]]           # decode step (1-based) -> (accepted, drafted) there
 

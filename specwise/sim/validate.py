@@ -1,10 +1,10 @@
 """`specwise simulate --validate RESULTS_DIR`: a measured `evaluate` run, replayed on paper.
 
-The same requests (each with its measured prompt and output length and its own measured
-drafts, replayed as counted: sim/request_acceptance.py `Replay`; a session's turn sent after the turn before it has finished, as evaluate
-sends them), at the same load points, in the same rounds, for the same arms, through
-the flat simulator (sim/flat.py) with the engine's batch limits and KV cache from run.json and
-the given step-cost model (`--profile`). A closed-loop round is replayed as a closed loop of the
+The same requests (each with its measured prompt and output length and its own measured drafts,
+replayed as counted: sim/request_acceptance.py `Replay`; a session's turn sent after the turn before
+it has finished, as evaluate sends them), at the same load points, in the same rounds, for the same
+arms, through the flat simulator (sim/flat.py) with the engine's batch limits and KV cache from
+run.json and the given step-cost model (`--profile`). A closed-loop round is replayed as a closed loop of the
 same concurrency over the round's requests in the order evaluate's workers took them (the run's
 workload read again in its planned order; the send order where it cannot be read: a held session
 turn is taken before the requests sent ahead of it); a rate or trace round sends each request at
@@ -64,7 +64,7 @@ class Speedup:
     throughput_interval: list[float] | None
     margin: float
     floor: float
-    metric: str = "tpot_mean"
+    metric: str                 # the latency the speedup is of (recommend.py's metric, e.g. tpot_mean)
 
     def text(self) -> str:
         """e.g. "1.30x [1.10, 1.68], tok/s 1.25x [1.10, 1.47]"."""
