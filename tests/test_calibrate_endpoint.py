@@ -263,8 +263,11 @@ def test_bad_arms_and_designs_are_refused():
             parse_arms(bad)
     with pytest.raises(ConfigError, match="output-tokens"):
         SweepDesign(output_tokens=4)
+    # every batch size at the shortest prompt before any at a longer one: 64 x 32 before 16 x 256
     assert SweepDesign(batch_sizes=[4, 1], prompt_tokens=[100, 10], output_tokens=10).waves() == [
         (1, 10), (4, 10), (1, 100), (4, 100)]
+    assert SweepDesign(batch_sizes=[1, 4, 16, 64], prompt_tokens=[256, 32]).waves() == [
+        (1, 32), (4, 32), (16, 32), (64, 32), (1, 256), (4, 256), (16, 256), (64, 256)]
     with pytest.raises(InputError, match="unknown suite category"):
         SweepDesign(categories=["poetry"])
 
