@@ -1,10 +1,11 @@
 """`calibrate --endpoint`'s arithmetic by hand, no server: a wave's decode step from its chunk times
-(bench/calibrate/samples.py), a probe's prefill steps, the count probe and what the prefill probes paid
+(bench/calibrate/samples.py) and its admission steps from its first tokens (admissions.py), a probe's prefill steps, the count probe and what the prefill probes paid
 for new counts (counts.py), and when the attention pairs are fitted (command.py)."""
 
 import numpy as np
 import pytest
 
+from specwise.bench.calibrate.admissions import admission_steps
 from specwise.bench.calibrate.command import with_pairs_decided
 from specwise.bench.calibrate.counts import CountCost, count_cost, count_requests, paid
 from specwise.bench.calibrate.samples import prefill_sample, prompt_chunks, wave_steps
@@ -109,6 +110,32 @@ def test_a_speculating_wave_by_hand():
     assert steps.decode.kv_tokens == pytest.approx(2 * 111) and steps.decode.pairs == pytest.approx(2 * 454)
     shared = [record(i, 0.0, 0.1, 0.05, 11, output=21) for i in range(2)]
     assert wave_steps(shared, 2, drafts=(60, 20)).decode.tokens == pytest.approx(8)
+
+
+def test_a_waves_admission_steps_by_hand():
+    """admissions.py's worked example: budget 2,048, 64 prompts of 35 tokens, first tokens in groups of 1,
+    58 and 5, two seconds and then 0.3 s apart, decodes of 50 ms. Step 2: 1 decode over 35 cached tokens,
+    58 prompts whole and 17 tokens of the 59th: 2,048 tokens, 60 logits rows. Step 3: 59 decodes (the first
+    over 36 cached tokens, the 58 over 35), the 18 tokens left of the 59th after its 17 and 4 prompts whole:
+    217 tokens, 64 logits rows. Groups the rule does not make (57 and 6: a request that came late), or a
+    first group that may have ended in a chunk (a budget of 50), give none; a step under four decodes'
+    time is not kept."""
+    def wave(sizes, gaps):
+        times, start = [], 0.2
+        for size, gap in zip(sizes, [0.0, *gaps]):
+            start += gap
+            times += [start + 0.001 * i for i in range(size)]      # the client reads a group's streams in turn
+        return [record(i, 0.0, t, 0.05, 10, prompt=35) for i, t in enumerate(times)]
+    one_row = [(1.0, 1.0)] * 64
+    step2, step3 = admission_steps(wave([1, 58, 5], [2.0, 0.3]), 0.05, 2048, one_row)
+    assert step2.seconds == pytest.approx(2.0) and step3.seconds == pytest.approx(0.3)
+    assert step2.shape == StepShape.of([1] + [35] * 58 + [17], [35] + [0] * 59)
+    assert (step2.tokens, step2.kv_tokens, step2.logits_rows) == (2048, 35, 60)
+    assert step3.shape == StepShape.of([1] * 59 + [18] + [35] * 4, [36] + [35] * 58 + [17] + [0] * 4)
+    assert (step3.tokens, step3.logits_rows) == (217, 64)
+    assert admission_steps(wave([1, 57, 6], [2.0, 0.3]), 0.05, 2048, one_row) == []
+    assert admission_steps(wave([1, 58, 5], [2.0, 0.3]), 0.05, 50, one_row) == []
+    assert len(admission_steps(wave([1, 58, 5], [2.0, 0.3]), 0.1, 2048, one_row)) == 1     # 0.3 s < 4 x 0.1
 
 
 def test_a_prefill_is_the_median_ttft_of_single_requests():

@@ -312,6 +312,10 @@ def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions 
     cost (counts.py `paid`, RecentCounts); knee: the small-batch knee to fit with (None: looked for)."""
     steps = (logged_samples(logged, reads, counts) if logged else
              [wave.steps.decode for wave in waves if wave.steps and wave.steps.decode])
+    # a wave's admission steps run token counts the server may or may not have kept (counts.py): with a count
+    # cost, which of them paid it is unknown, and they are left out
+    if not logged and (options or FitOptions()).admission_steps and not (counts and counts.new_count_s):
+        steps += [sample for wave in waves if wave.steps for sample in wave.steps.admissions]
     if counts and counts.new_count_s:
         probes = [dataclasses.replace(probe, sample=prefill_sample(probe.records, budget, cost, reads))
                   for probe, cost in zip(probes, paid([probe.records for probe in probes], counts, budget))]

@@ -36,9 +36,9 @@ budget (max_num_batched_tokens) is one step of n rows over no cache, n (n + 1) /
 a longer one runs in chunks of the budget, each a step over the chunks before it: our server
 (budget 512) prefills a 1,064-token prompt in three steps, and the TTFTs of a sweep taken as one
 step each bent the straight line up at its longest probe (one recorded sweep: 42, 221 and 1,064
-tokens measured 66, 140 and 784 ms, fitted 61, 164 and 650). A wave's own
-first tokens are no use for that: its requests reach the server a few milliseconds apart, and an
-engine starts a step with whichever have arrived.
+tokens measured 66, 140 and 784 ms, fitted 61, 164 and 650). A wave's own first step is no use for
+that: its requests reach the server a few milliseconds apart, and an engine starts a step with
+whichever have arrived; the steps that admit the rest are (admissions.py, `WaveSteps.admissions`).
 """
 
 import dataclasses
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specwise.bench.calibrate.admissions import admission_steps
 from specwise.bench.results import RequestRecord
 from specwise.engine.cost.kv_reads import KVReads
 from specwise.engine.cost.linear_cost import StepShape
@@ -62,18 +63,22 @@ class WaveSteps:
     decode: StepSample | None
     window_steps: int = 0
     spread: float = 0.0          # relative spread of the per-request step estimates (noise)
+    admissions: list[StepSample] = dataclasses.field(default_factory=list)   # its prompts' steps (admissions.py)
 
 
 def wave_steps(records: list[RequestRecord], batch_size: int, drafts: tuple[float, float] | None = None,
-               reads: KVReads | None = None) -> WaveSteps:
+               reads: KVReads | None = None, budget: int | None = None) -> WaveSteps:
     """records: the wave's requests (send_time on one clock). drafts: (draft tokens, accepted tokens)
     over the whole wave where requests carry no counters (a server's Prometheus deltas), else None.
-    reads: how the server reads its KV cache (engine/cost/kv_reads.py); None: each sequence its own."""
+    reads: how the server reads its KV cache (engine/cost/kv_reads.py); None: each sequence its own.
+    budget: the server's token budget (max_num_batched_tokens; None: no limit), for the admission steps."""
     done = [r for r in records if not r.error and r.ttft is not None and len(r.chunk_times) >= 2]
     if len(done) < batch_size:
         return WaveSteps(batch_size, None)      # a lost request breaks the lockstep
     decode, window, spread = _decode(done, drafts, reads)
-    return WaveSteps(batch_size, decode, window, spread)
+    admissions = [] if decode is None else admission_steps(
+        done, decode.seconds, budget, [_per_step(r, drafts, len(done)) for r in done], reads)
+    return WaveSteps(batch_size, decode, window, spread, admissions)
 
 
 def _decode(done: list[RequestRecord], drafts, reads: KVReads | None) -> tuple[StepSample | None, int, float]:

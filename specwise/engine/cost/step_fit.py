@@ -79,6 +79,9 @@ class FitOptions:
     count_cost: bool = field(default=True, metadata={"help": (
         "calibrate --endpoint: charge a step of a token count the server has not run lately what the "
         "count probe measured (bench/calibrate/counts.py); --no-count-cost: a step costs by its shape alone")})
+    admission_steps: bool = field(default=True, metadata={"help": (
+        "calibrate --endpoint: fit the steps that prefilled each wave's prompts, read from its first tokens "
+        "(bench/calibrate/admissions.py), beside its decode window; off: the decode windows and the probes alone")})
     server_steps: bool = field(default=True, metadata={"help": (
         "calibrate --endpoint: fit the steps the server says it ran during the sweep where it says them "
         "(`specwise serve`'s GET /steps; bench/calibrate/logged.py); --no-server-steps: what the client saw of "
