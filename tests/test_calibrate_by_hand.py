@@ -1,6 +1,7 @@
 """`calibrate --endpoint`'s arithmetic by hand, no server: a wave's decode step from its chunk times
-(bench/calibrate/samples.py) and its admission steps from its first tokens (admissions.py), a probe's prefill steps, the count probe and what the prefill probes paid
-for new counts (counts.py), and when the attention pairs are fitted (command.py)."""
+(bench/calibrate/samples.py) and its admission steps from its first tokens (admissions.py), a probe's
+prefill steps, the count probe and what the prefill probes paid for new counts (counts.py), and when the
+attention pairs are fitted (command.py)."""
 
 import numpy as np
 import pytest
