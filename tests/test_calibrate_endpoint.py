@@ -217,10 +217,7 @@ def test_recovers_what_a_new_token_count_costs_and_how_many_the_server_keeps(cou
     assert probe["probed"] == 20
     cost = load_step_cost(path)
     assert (cost.new_count_s, cost.count_memory) == (fitted["new_count_s"], COUNT_MEMORY)
-    # as before the probe existed: the decode windows and the probes (the waves' admission steps, at counts
-    # new to the server, each paid its 15 ms: fitted only with the count cost known, and then left out)
-    assert main(["calibrate", "--refit", str(path), "--no-count-cost", "--no-admission-steps",
-                 "--output", str(plain)]) == 0
+    assert main(["calibrate", "--refit", str(path), "--no-count-cost", "--output", str(plain)]) == 0
     without = json.loads(plain.read_text())["linear"]
     assert "new_count_s" not in without and not json.loads(plain.read_text())["calibration"]["counts"]
     assert without["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
@@ -365,12 +362,8 @@ def test_a_server_that_says_its_steps_is_fitted_on_them(logging_servers, tmp_pat
     assert main(["calibrate", "--refit", str(path), "--no-server-steps", "--output", str(client)]) == 0
     assert "decodes, batch" not in capsys.readouterr().out
     seen = json.loads(client.read_text())["linear"]
+    assert seen["steps"] == len(data["calibration"]["waves"]) // 2 + probes
     assert seen["fixed_s"] == pytest.approx(FIXED, rel=TOLERANCE)
-    # the client's view: each wave's decode window and the probes, and the waves' admission steps beside them
-    assert main(["calibrate", "--refit", str(path), "--no-server-steps", "--no-admission-steps",
-                 "--output", str(client)]) == 0
-    windows = json.loads(client.read_text())["linear"]["steps"]
-    assert windows == len(data["calibration"]["waves"]) // 2 + probes < seen["steps"]
     # fitted with a sweep that kept no steps: both as the client saw them, not one sweep's steps and the other's probes
     unlogged = tmp_path / "unlogged.json"
     unlogged.write_text(json.dumps(data | {"calibration": {key: value for key, value in data["calibration"].items()

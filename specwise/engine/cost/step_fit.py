@@ -79,9 +79,11 @@ class FitOptions:
     count_cost: bool = field(default=True, metadata={"help": (
         "calibrate --endpoint: charge a step of a token count the server has not run lately what the "
         "count probe measured (bench/calibrate/counts.py); --no-count-cost: a step costs by its shape alone")})
-    admission_steps: bool = field(default=True, metadata={"help": (
+    admission_steps: bool = field(default=False, metadata={"help": (
         "calibrate --endpoint: fit the steps that prefilled each wave's prompts, read from its first tokens "
-        "(bench/calibrate/admissions.py), beside its decode window; off: the decode windows and the probes alone")})
+        "(bench/calibrate/admissions.py), beside its decode windows and the probes. Off by default: on the "
+        "recorded vLLM sweeps they helped on balance, not in every sweep, and under a loaded machine's jitter "
+        "they moved a known cost by a quarter (docs/calculators.md)")})
     server_steps: bool = field(default=True, metadata={"help": (
         "calibrate --endpoint: fit the steps the server says it ran during the sweep where it says them "
         "(`specwise serve`'s GET /steps; bench/calibrate/logged.py); --no-server-steps: what the client saw of "
