@@ -41,7 +41,7 @@ from rich.progress import Progress
 
 from specwise.bench.calibrate.counts import CountCost, count_cost, paid
 from specwise.bench.calibrate.logged import logged_samples, residual_table
-from specwise.bench.calibrate.samples import prefill_sample
+from specwise.bench.calibrate.samples import prefill_sample, wave_admissions
 from specwise.bench.calibrate.sweep import Probe, Sweep, SweepDesign, Wave, regroup, run_sweep, wave_tag
 from specwise.bench.load.targets.http import HttpTarget, announced, check_endpoint, server_steps
 from specwise.bench.results import read_records_file
@@ -315,7 +315,8 @@ def _fit(name: str, waves: list[Wave], probes: list[Probe], options: FitOptions 
     # a wave's admission steps run token counts the server may or may not have kept (counts.py): with a count
     # cost, which of them paid it is unknown, and they are left out
     if not logged and (options or FitOptions()).admission_steps and not (counts and counts.new_count_s):
-        steps += [sample for wave in waves if wave.steps for sample in wave.steps.admissions]
+        steps += [sample for wave in waves if wave.steps
+                  for sample in wave_admissions(wave.records, wave.steps, wave.shared_drafts, reads, budget)]
     if counts and counts.new_count_s:
         probes = [dataclasses.replace(probe, sample=prefill_sample(probe.records, budget, cost, reads))
                   for probe, cost in zip(probes, paid([probe.records for probe in probes], counts, budget))]

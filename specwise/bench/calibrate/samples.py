@@ -38,7 +38,7 @@ a longer one runs in chunks of the budget, each a step over the chunks before it
 step each bent the straight line up at its longest probe (one recorded sweep: 42, 221 and 1,064
 tokens measured 66, 140 and 784 ms, fitted 61, 164 and 650). A wave's own first step is no use for
 that: its requests reach the server a few milliseconds apart, and an engine starts a step with
-whichever have arrived; the steps that admit the rest are (admissions.py, `WaveSteps.admissions`).
+whichever have arrived; the steps that admit the rest are (admissions.py, `wave_admissions`).
 """
 
 import dataclasses
@@ -63,22 +63,32 @@ class WaveSteps:
     decode: StepSample | None
     window_steps: int = 0
     spread: float = 0.0          # relative spread of the per-request step estimates (noise)
-    admissions: list[StepSample] = dataclasses.field(default_factory=list)   # its prompts' steps (admissions.py)
 
 
 def wave_steps(records: list[RequestRecord], batch_size: int, drafts: tuple[float, float] | None = None,
-               reads: KVReads | None = None, budget: int | None = None) -> WaveSteps:
+               reads: KVReads | None = None) -> WaveSteps:
     """records: the wave's requests (send_time on one clock). drafts: (draft tokens, accepted tokens)
     over the whole wave where requests carry no counters (a server's Prometheus deltas), else None.
-    reads: how the server reads its KV cache (engine/cost/kv_reads.py); None: each sequence its own.
-    budget: the server's token budget (max_num_batched_tokens; None: no limit), for the admission steps."""
-    done = [r for r in records if not r.error and r.ttft is not None and len(r.chunk_times) >= 2]
+    reads: how the server reads its KV cache (engine/cost/kv_reads.py); None: each sequence its own."""
+    done = _finished(records)
     if len(done) < batch_size:
         return WaveSteps(batch_size, None)      # a lost request breaks the lockstep
     decode, window, spread = _decode(done, drafts, reads)
-    admissions = [] if decode is None else admission_steps(
-        done, decode.seconds, budget, [_per_step(r, drafts, len(done)) for r in done], reads)
-    return WaveSteps(batch_size, decode, window, spread, admissions)
+    return WaveSteps(batch_size, decode, window, spread)
+
+
+def wave_admissions(records: list[RequestRecord], steps: WaveSteps, drafts: tuple[float, float] | None = None,
+                    reads: KVReads | None = None, budget: int | None = None) -> list[StepSample]:
+    """The wave's admission steps (admissions.py), where its decode window gave their scale; arguments as
+    wave_steps's, budget: the server's token budget (max_num_batched_tokens; None: no limit)."""
+    done = _finished(records)
+    if steps.decode is None or len(done) < steps.batch_size:
+        return []
+    return admission_steps(done, steps.decode.seconds, budget, [_per_step(r, drafts, len(done)) for r in done], reads)
+
+
+def _finished(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if not r.error and r.ttft is not None and len(r.chunk_times) >= 2]
 
 
 def _decode(done: list[RequestRecord], drafts, reads: KVReads | None) -> tuple[StepSample | None, int, float]:

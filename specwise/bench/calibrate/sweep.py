@@ -200,8 +200,7 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                 records = await _send(target, requests, started, deadline)
                 shared = _shared_drafts(before, await target.server_acceptance(), records)
                 sweep.waves.append(Wave(target.name, batch_size, prompt_tokens, records,
-                                        wave_steps(records, batch_size, shared, design.reads(),
-                                                   design.max_num_batched_tokens), shared))
+                                        wave_steps(records, batch_size, shared, design.reads()), shared))
                 if on_step:
                     on_step()
         return sweep
@@ -238,8 +237,8 @@ def regroup(records: list[RequestRecord], shared_drafts: dict[tuple[str, str], t
             sweep.counts[endpoint] = group
         elif match := re.fullmatch(wave_tag(r"(\d+)", r"(\d+)"), tag):
             batch_size, drafts = int(match[1]), shared_drafts.get((endpoint, tag))
-            steps = wave_steps(group, batch_size, drafts, reads, max_num_batched_tokens)
-            sweep.waves.append(Wave(endpoint, batch_size, int(match[2]), group, steps, drafts))
+            sweep.waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts, reads),
+                                    drafts))
     return sweep
 
 
