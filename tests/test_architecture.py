@@ -4,12 +4,14 @@ Every import statement counts, function-local and TYPE_CHECKING ones included, s
 cycle cannot hide inside a function. See docs/design.md, "Architecture".
 """
 
+import argparse
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import specwise
+from specwise.cli import build_parser
 
 PACKAGE = Path(specwise.__file__).parent
 INTERFACES = ("bench", "server", "sim", "calc", "monitor", "train", "cli", "engine_cli", "cli_args")
@@ -117,3 +119,22 @@ def test_nothing_imports_the_training_package():
     importers = sorted(module for module, targets in graph.items() if not module.startswith("specwise.train")
                        and any(target.startswith("specwise.train") for target in targets))
     assert importers == []
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser, path=()):
+    """Every (path, parser) under `parser`, nested subcommands included."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from subcommand_parsers(child, path + (name,))
+
+
+def test_every_subcommand_renders_its_help():
+    # argparse formats help text lazily: a bare "%" in one flag's help raises only when that
+    # subcommand's --help is asked for
+    parsers = list(subcommand_parsers(build_parser()))
+    assert {"evaluate", "simulate", "calibrate", "serve"} <= {path[0] for path, _ in parsers if path}
+    for path, parser in parsers:
+        text = parser.format_help()
+        assert text.startswith("usage: specwise"), path
