@@ -38,6 +38,7 @@ class SSEServer:
         self.requests = 0
         self.bodies = []
         self.authorization = []
+        self.seen = []                      # (path, the client's port: one a connection, the prompt or None)
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.lock = threading.Lock()
         self.httpd = QuietServer(("127.0.0.1", 0), self._handler())
@@ -70,6 +71,8 @@ class SSEServer:
                 pass
 
             def do_GET(self):
+                with server.lock:
+                    server.seen.append((self.path, self.client_address[1], None))
                 if self.path == "/v1/models":
                     self._send(200, json.dumps({"data": [{"id": "fake-model"}]}), "application/json")
                 elif self.path == "/metrics" and server.tokens_per_chunk > 1:
@@ -83,6 +86,7 @@ class SSEServer:
                     server.requests += 1
                     number = server.requests
                     server.bodies.append(body)
+                    server.seen.append((self.path, self.client_address[1], body.get("prompt")))
                     server.authorization.append(self.headers.get("Authorization"))
                 if server.fail_every and number % server.fail_every == 0:
                     self._send(500, json.dumps({"error": {"message": "overloaded, try later"}}), "application/json")
@@ -311,3 +315,33 @@ def test_a_token_id_prompt_is_sent_as_token_ids():
         run_one(HttpTarget("off", server.url), ids)
         body = server.bodies[0]
     assert body["prompt"] == [101, 102, 103]
+
+
+def test_each_wave_starts_with_one_connection_open_for_its_first_request():
+    """reconnect() before a wave: the connections the last wave left open are closed and one is opened;
+    the wave's first request goes out on it, the others on connections of their own."""
+    with SSEServer(delay=0.005) as server:
+        async def wave(target, n):
+            await target.reconnect()
+            requests = [WorkloadRequest(f"w{n}-{i}", "chat", prompt=f"w{n}-{i}", max_tokens=3) for i in range(3)]
+            slot = Slot("concurrency", 3, time.perf_counter())
+            return await asyncio.gather(*(measure(target, r, slot, 10.0) for r in requests))
+
+        async def go():
+            target = HttpTarget("off", server.url)
+            await target.start()
+            try:
+                for n in range(2):
+                    assert all(record.error is None for record in await wave(target, n))
+            finally:
+                await target.close()
+        asyncio.run(go())
+        seen = server.seen
+    # start's GET, then per wave: reconnect's GET, three POSTs
+    assert [path for path, _, _ in seen] == ["/v1/models"] + 2 * (["/v1/models"] + 3 * ["/v1/completions"])
+    for n, at in enumerate((1, 5)):
+        opened, posts = seen[at][1], {prompt: port for _, port, prompt in seen[at + 1:at + 4]}
+        earlier = {port for _, port, _ in seen[:at]}
+        assert posts[f"w{n}-0"] == opened and opened not in earlier
+        assert len({posts[f"w{n}-1"], posts[f"w{n}-2"], opened}) == 3
+        assert not {posts[f"w{n}-1"], posts[f"w{n}-2"]} & earlier

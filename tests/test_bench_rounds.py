@@ -61,10 +61,13 @@ class FakeTarget:
         self.name, self.method = name, "off" if name == "off" else "ngram"
         self.served, self.per_token, self.speedup, self.drift = served, per_token, speedup, drift
         self.clock, self.jitter, self.rng = clock, jitter, random.Random(name)
-        self.activations = 0
+        self.activations = self.reconnects = 0
 
     async def start(self):
         pass
+
+    async def reconnect(self):
+        self.reconnects += 1
 
     async def activate(self):
         self.activations += 1
@@ -146,6 +149,8 @@ def test_every_arm_serves_the_same_requests_in_the_same_order(tmp_path):
     # round 0: off first; round 1: ngram first
     firsts = [served["order"][i][0] for i in (0, 8, 16)]
     assert firsts == ["off", "ngram-k4", "off"] and targets[0].activations == 4     # 3 rounds + warm-up
+    # each arm's every round starts from the same connections (targets/http.py reconnect)
+    assert [t.reconnects for t in targets] == [3, 3]
 
 
 def _tpot_speedup(records, info):

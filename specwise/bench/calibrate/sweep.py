@@ -197,6 +197,7 @@ async def run_sweep(targets: list[HttpTarget], design: SweepDesign,
                 before = await target.server_acceptance()
                 requests = windows.requests(batch_size, prompt_tokens, design.output_tokens,
                                             wave_tag(batch_size, prompt_tokens), turn)
+                await target.reconnect()        # each wave as evaluate's rounds start
                 records = await _send(target, requests, started, deadline)
                 shared = _shared_drafts(before, await target.server_acceptance(), records)
                 sweep.waves.append(Wave(target.name, batch_size, prompt_tokens, records,

@@ -205,6 +205,9 @@ class LaunchedTarget:
         await self._name_model()
         return started
 
+    async def reconnect(self) -> None:
+        await self.http.reconnect()
+
     async def close(self) -> None:
         await self.http.close()
         self.pool.stop(self.name)

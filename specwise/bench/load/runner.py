@@ -156,6 +156,7 @@ class Runner:
         if send_limit is not None and self.schedule.kind == "blocks":
             send_limit = min(send_limit, duration / self.schedule.blocks)   # every block gets its share
         await self._settle(target)
+        await target.reconnect()
         self.view.point_started(target.name, point, len(requests))
         slot = Slot(point.kind, point.value, self.run_start, round=index)
         finished: list[RequestRecord] = []

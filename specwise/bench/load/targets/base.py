@@ -75,6 +75,10 @@ class Target(Protocol):
         engine switches its drafter; an endpoint needs nothing; a launched server in blocks
         starts). True when a server was (re)started: the runner warms it up again."""
 
+    async def reconnect(self) -> None:
+        """Before each round: the same connections open whatever ran before (an endpoint: one;
+        the in-process engine has none)."""
+
     async def close(self) -> None:
         """Release what start() acquired; the run calls it once per arm."""
 

@@ -58,6 +58,9 @@ class EngineTarget:
         self.serving["arm"] = self.name
         return True
 
+    async def reconnect(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

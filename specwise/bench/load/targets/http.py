@@ -52,11 +52,28 @@ class HttpTarget:
         self.metrics_url = self.metrics_url or f"{self.root}/metrics"
 
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.timeout, connect=10.0), headers=self.headers,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self._client = self._new_client()
         if self.model is None:
             self.model = await self.first_model()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=10.0), headers=self.headers,
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+
+    async def reconnect(self) -> None:
+        """Before a wave: the connections left open closed, and one opened (GET /v1/models).
+        An idle server prefills first the prompt that reaches it first: the wave's first request, on
+        that connection, while the others open theirs. Left as they were, the connections a round
+        finds open depend on what ran before it (the point's counter scrape left one to the first
+        arm's first round alone; a round within the server's keep-alive of the last found a dozen),
+        and with several open or none, which prompt goes first is a race (docs/design.md,
+        "Measurement rules")."""
+        await self._client.aclose()
+        self._client = self._new_client()
+        try:
+            await self._client.get(f"{self.root}/v1/models")
+        except httpx.HTTPError:
+            pass                        # the wave's own requests say what is wrong
 
     async def activate(self) -> None:
         pass
