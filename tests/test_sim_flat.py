@@ -62,7 +62,8 @@ def test_own_acceptance_per_request():
     a, b = result.records
     assert a.chunk_tokens == [1, 5, 5, 5, 5] and a.accepted_per_position == [4, 4, 4, 4] and a.drafts == 4
     assert b.chunk_tokens == [1] * 21 and b.drafts == 0
-    assert a.e2e == pytest.approx(0.05) and b.e2e == pytest.approx(0.21)      # 10 ms a step, a prefill included
+    # 10 ms a step, a prefill included; b, sent with a, joins the second step (an idle engine starts on a alone)
+    assert a.e2e == pytest.approx(0.05) and b.e2e == pytest.approx(0.22) and b.ttft == pytest.approx(0.02)
 
 
 def test_measured_requests_keep_their_spread(tmp_path):
@@ -232,8 +233,10 @@ def test_a_turn_waits_for_a_turn_before_it_that_is_itself_held():
 def test_a_step_of_a_token_count_not_run_lately_pays_its_cost():
     """10 ms a step, 5 ms for a token count not among the last 2 the run's steps had (engine/cost/linear_cost.py
     RecentCounts). One request, 8-token prompt, 4 tokens: its prefill (count 8) pays, its first decode
-    (count 1) pays, the next two do not: 15, 30, 40, 50 ms. Two requests sent together, the prompts of
-    8 and 9 tokens prefilled in one step (count 17, pays), then 2-row decodes: 15, 30, 40, 50 again."""
+    (count 1) pays, the next two do not: 15, 30, 40, 50 ms. Two requests sent together: an idle engine
+    prefills the first alone (count 8, pays), then its decode beside the second's prompt of 9 (count 10,
+    pays), 2-row decodes (count 2: pays once), the second's last decode alone (count 1, gone from the
+    last 2: pays): a at 15, 30, 45, 55 ms, b at 30, 45, 55, 70."""
     from specwise.engine.cost.linear_cost import LinearStepCost
     cost = LinearStepCost(0.010, 0.0, 0.0, new_count_s=0.005, count_memory=2)
     one = WorkloadRequest(request_id="a", category="chat", max_tokens=4, prompt_tokens=8)
@@ -241,7 +244,8 @@ def test_a_step_of_a_token_count_not_run_lately_pays_its_cost():
     assert record.chunk_times == pytest.approx([0.015, 0.030, 0.040, 0.050])
     two = [one, WorkloadRequest(request_id="b", category="chat", max_tokens=4, prompt_tokens=9)]
     records = FlatSimulator(cost, SimServerConfig(), 10_000).run(two, OFF, LoadPoint("concurrency", 2)).records
-    assert [r.chunk_times for r in records] == [pytest.approx([0.015, 0.030, 0.040, 0.050])] * 2
+    assert [r.chunk_times for r in records] == [pytest.approx([0.015, 0.030, 0.045, 0.055]),
+                                                pytest.approx([0.030, 0.045, 0.055, 0.070])]
     plain = FlatSimulator(LinearStepCost(0.010, 0.0, 0.0), SimServerConfig(), 10_000).run(
         [one], OFF, LoadPoint("concurrency", 1)).records[0]
     assert plain.chunk_times == pytest.approx([0.010, 0.020, 0.030, 0.040])

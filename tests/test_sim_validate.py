@@ -281,19 +281,22 @@ def test_a_workload_whose_ids_repeat_has_no_plan_positions(tmp_path):
 
 def test_a_closed_loop_is_replayed_in_the_order_its_workers_took_the_requests(tmp_path):
     """Concurrency 3 over a workload file [a-t0, a-t1, b, c] (`--order file`), every step 10 ms: evaluate's
-    first worker sends a-t0, the second holds a-t1 until a-t0 ends, the third sends b; b (2 tokens) ends at
-    20 ms and its worker sends c; a-t0 (3 tokens) ends at 30 ms and a-t1 goes out. Sent in that order
-    (a-t0, b, c, a-t1), c would go out at 0 in the replay; taken in the plan's order it goes out when b ends."""
+    first worker sends a-t0, the second holds a-t1 until a-t0 ends, the third sends b; a-t0 (3 tokens) ends
+    at 30 ms and a-t1 goes out; b (2 tokens, prefilled in the second step: an idle engine starts on a-t0
+    alone) ends then too and its worker sends c. Sent in that order (a-t0, b, c, a-t1), c would go out at 0
+    in the replay; taken in the plan's order it goes out when b ends."""
     lines = [{"messages": [{"role": "user", "content": "q0"}], "id": "a-t0", "session": "a", "turn": 0},
              {"messages": [{"role": "user", "content": "q0"}, {"role": "assistant", "content": "r0"},
                            {"role": "user", "content": "q1"}], "id": "a-t1", "session": "a", "turn": 1},
              {"prompt": "b", "id": "b"}, {"prompt": "c", "id": "c"}]
     (tmp_path / "workload.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    measured = {"a-t0": (0.0, 3), "b": (0.0, 2), "c": (0.02, 3), "a-t1": (0.03, 3)}     # id: (send, output tokens)
+    # id: (send, its chunks' times from the send); a-t1 and c go out together, a-t1 first (its worker was first)
+    measured = {"a-t0": (0.0, [0.01, 0.02, 0.03]), "b": (0.0, [0.02, 0.03]), "c": (0.03, [0.02, 0.03, 0.04]),
+                "a-t1": (0.03, [0.01, 0.02, 0.03])}
     records = [RequestRecord(arm="off", method="off", load_kind="concurrency", load_value=3, category="custom",
-                             request_id=rid, prompt_tokens=8, output_tokens=n, send_time=send, ttft=0.01,
-                             e2e=0.01 * n, chunk_times=[0.01 * (i + 1) for i in range(n)], chunk_tokens=[1] * n)
-               for rid, (send, n) in measured.items()]
+                             request_id=rid, prompt_tokens=8, output_tokens=len(times), send_time=send,
+                             ttft=times[0], e2e=times[-1], chunk_times=times, chunk_tokens=[1] * len(times))
+               for rid, (send, times) in measured.items()]
     (tmp_path / "requests.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
     config = {"workload": str(tmp_path / "workload.jsonl"), "order": "file", "seed": 0}
     (tmp_path / "run.json").write_text(json.dumps({
@@ -303,7 +306,7 @@ def test_a_closed_loop_is_replayed_in_the_order_its_workers_took_the_requests(tm
     deployment = Deployment.from_config(DeploymentConfig(model="smollm2-135m", gpu="h100-sxm"))
     validation = validate(tmp_path, cost, deployment, SimServerConfig())
     sends = {r.request_id: r.send_time for r in validation.predicted_records}
-    assert sends == pytest.approx({"a-t0": 0.0, "b": 0.0, "c": 0.02, "a-t1": 0.03})
+    assert sends == pytest.approx({"a-t0": 0.0, "b": 0.0, "c": 0.03, "a-t1": 0.03})
     assert all(p.error("throughput") == pytest.approx(0.0) for p in validation.points)   # the same window
 
 

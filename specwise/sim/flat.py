@@ -26,6 +26,9 @@ profile holds the speculating server's own fit for the arm's method (a calibrati
 server), the arm's steps are costed with it. A linear model's request
 overhead (a server's HTTP and tokenizing time) delays each request's admission by that much, the
 server taking arriving requests one at a time (a wave sent at once is admitted one overhead apart).
+Whatever the overhead, an idle engine starts its step on the first request to reach it, alone: the
+others of a wave sent at once join the next step (evaluate opens each round's connections so that its
+first request reaches the server first: docs/design.md, "Measurement rules").
 A linear model's cost of a new token count (a server building its kernels for a count it has not run
 lately, bench/calibrate/counts.py) is charged to each step whose token count is not among the last
 `count_memory` distinct counts the run's steps had (engine/cost/linear_cost.py RecentCounts).
@@ -182,13 +185,10 @@ class _Run:
         if r.index in self.errors:
             r.finish = time
             return
-        if self.overhead > 0:
-            # the server handles arriving requests one at a time: a wave sent at once is admitted one
-            # overhead apart, so an idle engine starts its first step with the first request alone
-            self.last_admitted = max(time, self.last_admitted) + self.overhead
-            heapq.heappush(self.admitting, (self.last_admitted, r.index))
-        else:
-            self.scheduler.add(r.seq)
+        # the server handles arriving requests one at a time: a wave sent at once is admitted one
+        # overhead apart (none: together, though an idle engine still starts on the first alone, below)
+        self.last_admitted = max(time, self.last_admitted) + self.overhead
+        heapq.heappush(self.admitting, (self.last_admitted, r.index))
 
     def _send_next(self) -> None:
         """Closed loop: the next request goes out (an impossible one ends at once: send another); a
@@ -220,8 +220,11 @@ class _Run:
             while self.arrivals and self.arrivals[0][0] <= self.now:
                 time, index = self.arrivals.popleft()
                 self._send(self.requests[index], time)
+            idle = not self.scheduler.has_unfinished()
             while self.admitting and self.admitting[0][0] <= self.now:
                 self.scheduler.add(self.requests[heapq.heappop(self.admitting)[1]].seq)
+                if idle:        # an idle engine starts a step on the first prompt to reach it
+                    break
             if not self.scheduler.has_unfinished():
                 upcoming = [events[0][0] for events in (self.arrivals, self.admitting) if events]
                 if not upcoming:
