@@ -102,15 +102,20 @@ def test_the_fit_recovers_what_a_group_costs():
 
 
 def test_the_simulator_costs_a_step_as_the_server_reads_it():
-    """10 ms a step + 0.1 ms a KV token read + 5 ms a group, groups of 16 in blocks of 16: prompts of 8 and
-    40 tokens prefilled together (no cache read: 10 ms), then decodes over contexts 9 and 41, both read to
-    48 tokens (94 KV tokens read: 10 + 9.4 + 5 = 24.4 ms), then 10 and 42 (24.4 ms again). Without the
-    reads, 48 and 50 tokens: 14.8 and 15 ms."""
+    """10 ms a step + 0.1 ms a KV token read + 5 ms a group, groups of 16 in blocks of 16, requests a
+    (8-token prompt) and b (40) sent together, 3 tokens each. An idle engine prefills a alone (no cache
+    read: 10 ms); then a's decode over context 9, read to 16 (8 cached + 7 padding: 10 + 1.5 + 5 =
+    16.5 ms), beside b's prompt (no cache read); then both decode over contexts 10 and 41, read to 48
+    tokens as one group (49 cached + 45 padding = 94: 10 + 9.4 + 5 = 24.4 ms); then b alone over 42,
+    read to 48 (41 + 6: 19.7 ms). Without the reads, each its own cached tokens (8, 49, 41) and no
+    group: 10.8, 14.9 and 14.1 ms."""
     requests = [WorkloadRequest(request_id=name, category="chat", max_tokens=3, prompt_tokens=prompt)
                 for name, prompt in (("a", 8), ("b", 40))]
     grouped = LinearStepCost(0.010, 0.0, 1e-4, per_attention_group_s=0.005, kv_reads=KVReads(16, 16))
     records = FlatSimulator(grouped, SimServerConfig(), 10_000).run(requests, OFF, LoadPoint("concurrency", 2)).records
-    assert [r.chunk_times for r in records] == [pytest.approx([0.010, 0.0344, 0.0588])] * 2
+    assert [r.chunk_times for r in records] == [pytest.approx([0.010, 0.0265, 0.0509]),
+                                                pytest.approx([0.0265, 0.0509, 0.0706])]
     own = LinearStepCost(0.010, 0.0, 1e-4, per_attention_group_s=0.005)
     records = FlatSimulator(own, SimServerConfig(), 10_000).run(requests, OFF, LoadPoint("concurrency", 2)).records
-    assert [r.chunk_times for r in records] == [pytest.approx([0.010, 0.0248, 0.0398])] * 2
+    assert [r.chunk_times for r in records] == [pytest.approx([0.010, 0.0208, 0.0357]),
+                                                pytest.approx([0.0208, 0.0357, 0.0498])]
