@@ -37,7 +37,8 @@ Behaviour from the environment:
                             whole blocks of BLOCK tokens (the padding costs as KV tokens), SECONDS a group; its
                             /health says {"kv_reads": {"group_size": GROUP, "block_size": BLOCK}}
   FAKE_ENGINE_STEP_LOG      1: that engine says its steps on GET /steps?after=N[&limit=M] as `specwise serve` does
-                            ({"steps": [{"seconds", "fed", "cached", "sampled", "prompt_tokens"}, ...], "next": n})
+                            ({"steps": [{"seconds", "fed", "cached", "sampled", "prompt_tokens"}, ...], "next": n}),
+                            each step's seconds its cost as STEP_COST gives it (what it sleeps to)
 Prompts count 1 token per 4 characters, or a token-id prompt its ids; `stream_options.continuous_usage_stats` puts the running usage on
 every chunk, as vLLM does.
 """
@@ -198,7 +199,11 @@ class Stepper:
             time.sleep(max(end - time.monotonic(), 0.0))
             if self.steps is not None:
                 with self.cond:
-                    self.steps.append({"seconds": time.monotonic() - start, "fed": fed, "cached": cached,
+                    # its cost, as scheduled: timed from the last step's scheduled end, a step held its own late
+                    # wake-up (the thread beside the HTTP server's), never its predecessor's (the fixed cost fitted
+                    # 1-2.5% high); timed from when it began, it lost the work of emitting the last step's tokens
+                    # (the cost a sampled row 1-2% low)
+                    self.steps.append({"seconds": end - start, "fed": fed, "cached": cached,
                                        "sampled": sampled, "prompt_tokens": sum(chunks.values())})
             for r in batch:
                 if id(r) in chunks:
