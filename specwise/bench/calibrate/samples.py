@@ -81,9 +81,9 @@ def wave_admissions(records: list[RequestRecord], steps: WaveSteps, drafts: tupl
                     reads: KVReads | None = None, budget: int | None = None) -> list[StepSample]:
     """The wave's admission steps (admissions.py), where its decode window gave their scale; arguments as
     wave_steps's, budget: the server's token budget (max_num_batched_tokens; None: no limit)."""
-    done = _finished(records)
-    if steps.decode is None or len(done) < steps.batch_size:
+    if steps.decode is None:                  # no window: a lost request, or too few steps to time
         return []
+    done = _finished(records)
     return admission_steps(done, steps.decode.seconds, budget, [_per_step(r, drafts, len(done)) for r in done], reads)
 
 

@@ -238,8 +238,8 @@ def regroup(records: list[RequestRecord], shared_drafts: dict[tuple[str, str], t
             sweep.counts[endpoint] = group
         elif match := re.fullmatch(wave_tag(r"(\d+)", r"(\d+)"), tag):
             batch_size, drafts = int(match[1]), shared_drafts.get((endpoint, tag))
-            sweep.waves.append(Wave(endpoint, batch_size, int(match[2]), group, wave_steps(group, batch_size, drafts, reads),
-                                    drafts))
+            steps = wave_steps(group, batch_size, drafts, reads)
+            sweep.waves.append(Wave(endpoint, batch_size, int(match[2]), group, steps, drafts))
     return sweep
 
 
