@@ -28,7 +28,8 @@ class EngineConfig:
                                        "rest (a longer prompt is prefilled over several steps)"})
     max_model_len: int = field(default=2048, metadata={"help": "longest prompt + output, in tokens"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
-    kv_cache_gb: float = field(default=1.0, metadata={"help": "memory budget of the paged KV cache, GiB"})
+    kv_cache_gb: float = field(default=1.0, metadata={"help": "memory budget of the paged KV cache, GiB (never "
+                                                             "more than max_num_seqs full-length sequences take)"})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "KV-cache blocks (overrides --kv-cache-gb)"})
     seed: int = field(default=0, metadata={"help": "engine seed for requests without their own"})
     num_threads: int | None = field(

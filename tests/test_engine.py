@@ -388,6 +388,19 @@ def test_bad_engine_config(kwargs, fragment):
     assert fragment in one_line(error.value)
 
 
+def test_the_kv_cache_is_its_budget_but_no_more_than_max_num_seqs_sequences_can_hold():
+    """The tiny model keeps a token in 512 bytes (2 layers x keys and values x 2 heads x 16 x fp32): 1 GiB is
+    2M tokens, of which 3 sequences of 64 tokens in blocks of 4 can hold 48 blocks; a budget of 8 KiB is 4
+    blocks; --num-kv-blocks is taken as given."""
+    checkpoint = tiny_checkpoint()
+    sizes = dict(dtype="float32", max_num_seqs=3, max_model_len=64, block_size=4)
+    for settings, blocks in ((dict(kv_cache_gb=1.0), 48), (dict(kv_cache_gb=8 * 1024 / 2**30), 4),
+                             (dict(num_kv_blocks=100), 100)):
+        engine = LLM(checkpoint=checkpoint, **sizes, **settings).engine
+        assert engine.block_manager.num_blocks == blocks, settings
+        assert engine.runner.kv_cache.shape[3] == blocks * 4
+
+
 def test_decode_steps_run_on_decode_threads_and_larger_steps_on_num_threads():
     previous = torch.get_num_threads()
     try:
