@@ -8,7 +8,10 @@ first token), two decode steps end at 20 and 30 ms; the second request is sent a
 counters say its one draft was accepted (p = 1 at position 1, nothing beyond); after the prefill,
 max_tokens leaves room for 1 draft, accepted: 2 tokens in one step. TTFT 10 ms, TPOT 5 ms,
 6 tokens in 40 ms = 150 tok/s, acceptance 1.0. The median step: measured, the gaps between each
-request's two chunks (24 and 22 ms off, 10 and 14 ms ngram-k4); predicted, 10 ms.
+request's two chunks (24 and 22 ms off, 10 and 14 ms ngram-k4); predicted, 10 ms. Request by request
+(every predicted request alike: TTFT 10 ms, TPOT 10 ms off and 5 ms ngram-k4): TTFT measured 12, 11, 11,
+10 ms, errors -16.7, -9.1, -9.1, 0%, 3 of 4 within 10%; TPOT measured 12, 11, 5, 7 ms, errors -16.7,
+-9.1, 0, -28.6%, 2 of 4 within 10%.
 """
 
 import json
@@ -70,6 +73,13 @@ def hand_errors() -> dict[str, dict[str, float]]:
     return errors
 
 
+def hand_request_errors() -> dict[str, list[float]]:
+    """predicted / measured - 1 of each request (in MEASURED's order), TTFT and TPOT."""
+    predicted_tpot = {"off": 0.010, "ngram-k4": 0.005}
+    return {"ttft": [0.010 / t - 1 for _, _, t, _ in MEASURED],
+            "tpot": [predicted_tpot[arm] / ((e - t) / 2) - 1 for arm, _, t, e in MEASURED]}
+
+
 def test_validate_prints_the_errors_computed_by_hand(tmp_path, capsys):
     recorded_run(tmp_path)
     assert main(["simulate", "--validate", str(tmp_path), "--profile", str(tmp_path / "profile.json"),
@@ -88,6 +98,14 @@ def test_validate_prints_the_errors_computed_by_hand(tmp_path, capsys):
         assert f"{name}: median |error| {np.median(values):.1%}, worst {max(values):.1%} over 2 points" in out
     assert "verdicts: 0 of 0 agree" in out            # 2 requests decide nothing
     assert (tmp_path / "predicted" / "requests.jsonl").read_text().count("\n") == 4
+    requests = hand_request_errors()
+    assert requests["tpot"] == pytest.approx([0.010 / 0.012 - 1, 0.010 / 0.011 - 1, 0.0, 0.005 / 0.007 - 1])
+    within = [f"{name} within 10% for {sum(abs(e) <= 0.10 for e in requests[key])} of 4 "
+              f"(median |error| {np.median(np.abs(requests[key])):.1%})"
+              for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"))]
+    assert within == ["TTFT within 10% for 3 of 4 (median |error| 9.1%)",
+                      "TPOT within 10% for 2 of 4 (median |error| 12.9%)"]
+    assert "per request: " + ", ".join(within) in out
 
 
 def test_a_servers_run_is_replayed_with_the_limits_its_server_said(tmp_path, capsys):
@@ -159,6 +177,10 @@ def test_output_keeps_the_comparison_as_text_json_and_a_plot(tmp_path, capsys):
                                                      "points": 2})
     assert "verdicts: 0 of 0 agree where the measurement decided one (1 points where it can't tell)" in printed
     assert saved["verdicts"] == {"agree": 0, "decided": 0, "cant_tell": 1} and saved["not_replayed"] == {}
+    for key, errors in hand_request_errors().items():
+        assert saved["request_errors"][key] == pytest.approx(
+            {"within": 0.10, "count_within": sum(abs(e) <= 0.10 for e in errors), "requests": 4,
+             "median_abs_error": np.median(np.abs(errors))})
     assert by_arm["ngram-k4"]["verdict"]["measured"] == "can't tell" and by_arm["off"]["verdict"]["measured"] is None
     assert (out_dir / "validation.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 

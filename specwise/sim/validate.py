@@ -17,8 +17,9 @@ Printed per load point and arm: measured against predicted mean TTFT, mean TPOT,
 a decode step, where each chunk is one, so that an error there is the step cost's and an error in
 TPOT beside a right step is the schedule's), output throughput, acceptance rate, and the verdict;
 the error is predicted / measured - 1. Then per
-metric the median and the worst absolute error over the points, and how many verdicts agree
-where the measurement decided one (not "can't tell").
+metric the median and the worst absolute error over the points, how many requests' own TTFT and TPOT
+are predicted within 10% (a point's mean can be right by cancellation: one request predicted early,
+another late), and how many verdicts agree where the measurement decided one (not "can't tell").
 
 Replayed arms: off and the model-free drafters (ngram, suffix, lookahead), whose drafting costs
 no forward the profile does not hold. Others are listed as not replayed. An endpoint arm's method
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.bench.inputs.request import WorkloadRequest
+from specwise.bench.load.metrics import request_tpot
 from specwise.bench.load.arrivals import LoadPoint
 from specwise.bench.load.order import seeded_order
 from specwise.bench.load.plan import load_workload
@@ -51,6 +53,8 @@ from specwise.sim.simulator import SimServerConfig
 
 METRICS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("step", "step"), ("tok/s", "throughput"), ("accept", "acceptance"))
 REPLAYABLE = ("off", *MODEL_FREE, "lookahead")
+PER_REQUEST = (("TTFT", "ttft", lambda r: r.ttft), ("TPOT", "tpot", request_tpot))
+WITHIN = 0.10               # a request's prediction within this relative error counts as right
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class Validation:
     skipped: dict[str, str] = field(default_factory=dict)       # arm -> why it was not replayed
     predicted_records: list[RequestRecord] = field(default_factory=list)
     assumed: str = ""           # the server limits the run did not say, as the replay took them (server_from_run)
+    requests: dict[str, list[float]] = field(default_factory=dict)     # key -> each request's error (request_errors)
 
     def error_summary(self, key: str, load_kind: str | None = None) -> tuple[float, float, int] | None:
         """(median, worst, count) of the absolute errors over the points (of one load kind); None: no point."""
@@ -119,7 +124,10 @@ class Validation:
         summary = {key: dict(zip(("median_abs_error", "worst_abs_error", "points"), figures))
                    for _, key in METRICS if (figures := self.error_summary(key))}
         agree, decided, unsure = self.verdict_counts()
-        return {"points": points, "errors": summary,
+        requests = {key: {"within": WITHIN, "count_within": sum(abs(e) <= WITHIN for e in errors),
+                          "requests": len(errors), "median_abs_error": statistics.median(map(abs, errors))}
+                    for key, errors in self.requests.items() if errors}
+        return {"points": points, "errors": summary, "request_errors": requests,
                 "verdicts": {"agree": agree, "decided": decided, "cant_tell": unsure}, "not_replayed": self.skipped,
                 "assumed": self.assumed}
 
@@ -179,7 +187,7 @@ def validate(results_dir, cost: StepCostModel, deployment: Deployment, flags: Si
     for (name, kind, value, round_), records in groups.items():
         predicted += _replay(simulator, arms[name], LoadPoint(kind, value), round_, records, after, places)
     kept = [r for r in measured if r.arm in arms]
-    return Validation(compare(kept, predicted, run), skipped, predicted, assumed)
+    return Validation(compare(kept, predicted, run), skipped, predicted, assumed, request_errors(kept, predicted))
 
 
 def _arms(run: dict, measured, results_dir, cost, deployment) -> tuple[dict[str, SpecArm], dict[str, str]]:
@@ -309,6 +317,17 @@ def compare(measured: list[RequestRecord], predicted: list[RequestRecord], run: 
     return points
 
 
+def request_errors(measured: list[RequestRecord], predicted: list[RequestRecord]) -> dict[str, list[float]]:
+    """key -> predicted / measured - 1 of each request both sides finished (the same arm, load point, round and
+    id), for TTFT and TPOT."""
+    def key(record):
+        return record.arm, record.load_kind, record.load_value, record.round, record.request_id
+    replayed = {key(r): r for r in predicted if not r.error}
+    pairs = [(r, replayed[key(r)]) for r in measured if not r.error and not r.warmup and key(r) in replayed]
+    return {name: [model / real - 1 for r, p in pairs if (real := value(r)) and (model := value(p)) is not None]
+            for _, name, value in PER_REQUEST}
+
+
 def _speedup(verdict: ArmVerdict | None, load: float, recommendation: Recommendation) -> Speedup | None:
     if verdict is None or load not in verdict.speedup:
         return None
@@ -342,6 +361,11 @@ def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
         if figures := validation.error_summary(key):
             median, worst, count = figures
             lines.append(f"{name}: median |error| {median:.1%}, worst {worst:.1%} over {count} points")
+    within = [f"{name} within {WITHIN:.0%} for {sum(abs(e) <= WITHIN for e in errors)} of {len(errors)} "
+              f"(median |error| {statistics.median(map(abs, errors)):.1%})"
+              for name, key, _ in PER_REQUEST if (errors := validation.requests.get(key))]
+    if within:
+        lines.append("per request: " + ", ".join(within))
     agree, decided, unsure = validation.verdict_counts()
     lines.append(f"verdicts: {agree} of {decided} agree where {decided_by} decided one "
                  f"({unsure} points where it can't tell)")
