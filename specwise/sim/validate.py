@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.bench.inputs.request import WorkloadRequest
-from specwise.bench.load.metrics import request_tpot
 from specwise.bench.load.arrivals import LoadPoint
+from specwise.bench.load.metrics import request_tpot
 from specwise.bench.load.order import seeded_order
 from specwise.bench.load.plan import load_workload
 from specwise.bench.load.sessions import session_key
@@ -107,6 +107,13 @@ class Validation:
         errors = [abs(e) for p in self.points if load_kind in (None, p.load_kind) if (e := p.error(key)) is not None]
         return (statistics.median(errors), max(errors), len(errors)) if errors else None
 
+    def request_summary(self, key: str) -> tuple[int, int, float] | None:
+        """(how many within WITHIN, count, median absolute error) of the requests' own errors; None: no request."""
+        errors = self.requests.get(key)
+        if not errors:
+            return None
+        return sum(abs(e) <= WITHIN for e in errors), len(errors), statistics.median(map(abs, errors))
+
     def verdict_counts(self) -> tuple[int, int, int]:
         """(agree, decided, can't tell): the points where the measurement decided a verdict, how many of them the
         prediction agrees with, and the points where the measurement can't tell."""
@@ -124,9 +131,8 @@ class Validation:
         summary = {key: dict(zip(("median_abs_error", "worst_abs_error", "points"), figures))
                    for _, key in METRICS if (figures := self.error_summary(key))}
         agree, decided, unsure = self.verdict_counts()
-        requests = {key: {"within": WITHIN, "count_within": sum(abs(e) <= WITHIN for e in errors),
-                          "requests": len(errors), "median_abs_error": statistics.median(map(abs, errors))}
-                    for key, errors in self.requests.items() if errors}
+        requests = {key: {"within": WITHIN} | dict(zip(("count_within", "requests", "median_abs_error"), figures))
+                    for _, key, _ in PER_REQUEST if (figures := self.request_summary(key))}
         return {"points": points, "errors": summary, "request_errors": requests,
                 "verdicts": {"agree": agree, "decided": decided, "cant_tell": unsure}, "not_replayed": self.skipped,
                 "assumed": self.assumed}
@@ -361,9 +367,8 @@ def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
         if figures := validation.error_summary(key):
             median, worst, count = figures
             lines.append(f"{name}: median |error| {median:.1%}, worst {worst:.1%} over {count} points")
-    within = [f"{name} within {WITHIN:.0%} for {sum(abs(e) <= WITHIN for e in errors)} of {len(errors)} "
-              f"(median |error| {statistics.median(map(abs, errors)):.1%})"
-              for name, key, _ in PER_REQUEST if (errors := validation.requests.get(key))]
+    within = [f"{name} within {WITHIN:.0%} for {figures[0]} of {figures[1]} (median |error| {figures[2]:.1%})"
+              for name, key, _ in PER_REQUEST if (figures := validation.request_summary(key))]
     if within:
         lines.append("per request: " + ", ".join(within))
     agree, decided, unsure = validation.verdict_counts()
