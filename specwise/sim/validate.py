@@ -34,7 +34,7 @@ from pathlib import Path
 
 from specwise.bench.inputs.request import WorkloadRequest
 from specwise.bench.load.arrivals import LoadPoint
-from specwise.bench.load.metrics import request_tpot
+from specwise.bench.load.metrics import REQUEST_LATENCY
 from specwise.bench.load.order import seeded_order
 from specwise.bench.load.plan import load_workload
 from specwise.bench.load.sessions import session_key
@@ -53,7 +53,7 @@ from specwise.sim.simulator import SimServerConfig
 
 METRICS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("step", "step"), ("tok/s", "throughput"), ("accept", "acceptance"))
 REPLAYABLE = ("off", *MODEL_FREE, "lookahead")
-PER_REQUEST = (("TTFT", "ttft", lambda r: r.ttft), ("TPOT", "tpot", request_tpot))
+PER_REQUEST = (("TTFT", "ttft"), ("TPOT", "tpot"))      # the latencies compared request by request
 WITHIN = 0.10               # a request's prediction within this relative error counts as right
 
 
@@ -132,7 +132,7 @@ class Validation:
                    for _, key in METRICS if (figures := self.error_summary(key))}
         agree, decided, unsure = self.verdict_counts()
         requests = {key: {"within": WITHIN} | dict(zip(("count_within", "requests", "median_abs_error"), figures))
-                    for _, key, _ in PER_REQUEST if (figures := self.request_summary(key))}
+                    for _, key in PER_REQUEST if (figures := self.request_summary(key))}
         return {"points": points, "errors": summary, "request_errors": requests,
                 "verdicts": {"agree": agree, "decided": decided, "cant_tell": unsure}, "not_replayed": self.skipped,
                 "assumed": self.assumed}
@@ -330,8 +330,9 @@ def request_errors(measured: list[RequestRecord], predicted: list[RequestRecord]
         return record.arm, record.load_kind, record.load_value, record.round, record.request_id
     replayed = {key(r): r for r in predicted if not r.error}
     pairs = [(r, replayed[key(r)]) for r in measured if not r.error and not r.warmup and key(r) in replayed]
-    return {name: [model / real - 1 for r, p in pairs if (real := value(r)) and (model := value(p)) is not None]
-            for _, name, value in PER_REQUEST}
+    return {key: [model / real - 1 for r, p in pairs
+                  if (real := REQUEST_LATENCY[key](r)) and (model := REQUEST_LATENCY[key](p)) is not None]
+            for _, key in PER_REQUEST}
 
 
 def _speedup(verdict: ArmVerdict | None, load: float, recommendation: Recommendation) -> Speedup | None:
@@ -368,7 +369,7 @@ def report(validation: Validation, labels: tuple[str, str] = ("meas", "pred"),
             median, worst, count = figures
             lines.append(f"{name}: median |error| {median:.1%}, worst {worst:.1%} over {count} points")
     within = [f"{name} within {WITHIN:.0%} for {figures[0]} of {figures[1]} (median |error| {figures[2]:.1%})"
-              for name, key, _ in PER_REQUEST if (figures := validation.request_summary(key))]
+              for name, key in PER_REQUEST if (figures := validation.request_summary(key))]
     if within:
         lines.append("per request: " + ", ".join(within))
     agree, decided, unsure = validation.verdict_counts()

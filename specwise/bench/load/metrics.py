@@ -83,6 +83,10 @@ def request_tpot(record: RequestRecord) -> float | None:
     return (record.e2e - record.ttft) / (record.output_tokens - 1)
 
 
+# a request's own latency by name (None: it has none, e.g. an error or a single output token)
+REQUEST_LATENCY = {"ttft": lambda r: r.ttft, "tpot": request_tpot, "e2e": lambda r: r.e2e}
+
+
 def itl_gaps(record: RequestRecord) -> list[float]:
     times = record.chunk_times
     return [later - earlier for earlier, later in zip(times, times[1:])]

@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specwise.bench.load.metrics import request_tpot, window
+from specwise.bench.load.metrics import REQUEST_LATENCY, window
 from specwise.bench.results import RequestRecord
 from specwise.bench.stats.bootstrap import (DEFAULT_LEVEL, Interval, ratio_interval, resample_blocks,
                                             resample_indices, statistic)
 
 THROUGHPUT = ("output_throughput", "request_throughput")
 MIN_PAIRS = 5       # fewer pairs get no interval: a bootstrap of 2-4 requests knows almost nothing
-_VALUE = {"ttft": lambda r: r.ttft, "tpot": request_tpot, "e2e": lambda r: r.e2e}
 
 
 @dataclass
@@ -48,7 +47,7 @@ def pair(arm: list[RequestRecord], baseline: list[RequestRecord]) -> list[tuple[
 
 def interval_keys(key: str) -> bool:
     """Keys a paired interval exists for: per-request latencies and the two throughputs."""
-    return key in THROUGHPUT or (key.partition("_")[0] in _VALUE and key.partition("_")[2] in
+    return key in THROUGHPUT or (key.partition("_")[0] in REQUEST_LATENCY and key.partition("_")[2] in
                                  ("mean", "p50", "p90", "p99"))
 
 
@@ -85,10 +84,11 @@ def _interval(pairs, key: str, closed_loop: bool, level: float, seed: int, block
     if key in THROUGHPUT:
         return _throughput(pairs, key == "output_throughput", closed_loop, level, seed, blocks)
     name, _, stat = key.partition("_")
-    pairs = [(a, b) for a, b in pairs if _VALUE[name](a) is not None and _VALUE[name](b) is not None]
+    latency = REQUEST_LATENCY[name]
+    pairs = [(a, b) for a, b in pairs if latency(a) is not None and latency(b) is not None]
     if len(pairs) < MIN_PAIRS:
         return None
-    values = np.array([(_VALUE[name](a), _VALUE[name](b)) for a, b in pairs], dtype=float)
+    values = np.array([(latency(a), latency(b)) for a, b in pairs], dtype=float)
     index, n = _resamples(pairs, seed, blocks)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = (_by_row(values[:, 1], index, lambda v: statistic(v, stat))
