@@ -140,6 +140,19 @@ def test_short_drafts_keep_the_measured_acceptance_rate():
     assert sum(r.accepted_tokens for r in result.records) / drafted == pytest.approx(0.5, abs=0.02)
 
 
+def test_a_request_sent_as_a_step_ends_misses_the_step_starting_then():
+    """A busy engine starts its next step the instant the last one ends; the request a closed loop sends on
+    that step's last token reaches the engine after, with no overhead too (flat.py `_reached`). 10 ms a step,
+    concurrency 2 over a (2 tokens), b (10) and c (3): a's prompt alone (ends 10 ms), a's decode beside b's
+    prompt (20 ms: a ends, c is sent), b's decode without c (30 ms), c's prompt beside b's decode (40 ms)."""
+    requests = [WorkloadRequest(request_id=name, category="chat", max_tokens=tokens, prompt_tokens=8)
+                for name, tokens in (("a", 2), ("b", 10), ("c", 3))]
+    a, b, c = FlatSimulator(constant_cost(), SimServerConfig(), 10_000).run(
+        requests, OFF, LoadPoint("concurrency", 2)).records
+    assert a.chunk_times == pytest.approx([0.01, 0.02]) and b.chunk_times[:3] == pytest.approx([0.02, 0.03, 0.04])
+    assert c.send_time == pytest.approx(0.02) and c.chunk_times == pytest.approx([0.02, 0.03, 0.04])
+
+
 def test_a_mixed_step_pays_the_fixed_cost_once():
     """Decodes beside a prompt chunk: one forward. With every step 10 ms (fixed 10 ms), a decode
     step with a chunk beside it costs max(10, 10, 10 + 10 - 10) = 10 ms."""

@@ -221,7 +221,7 @@ class _Run:
                 time, index = self.arrivals.popleft()
                 self._send(self.requests[index], time)
             idle = not self.scheduler.has_unfinished()
-            while self.admitting and self.admitting[0][0] <= self.now:
+            while self.admitting and self._reached(self.admitting[0][0], idle):
                 self.scheduler.add(self.requests[heapq.heappop(self.admitting)[1]].seq)
                 if idle:        # an idle engine starts a step on the first prompt to reach it
                     break
@@ -235,6 +235,14 @@ class _Run:
                 break
             self._step()
         return self._result(limit)
+
+    def _reached(self, admitted: float, idle: bool) -> bool:
+        """Whether a request that reaches the scheduler at `admitted` is in the step starting now. A busy
+        engine starts its next step the instant the last one ends, so a request sent at that instant (a
+        closed loop's next, sent on the last token of the one before) joins the step after it, however
+        small the overhead, none included: the client sees that token only after the step has ended, and
+        the server reads its next request after that. An idle engine waits for a request and starts on it."""
+        return admitted <= self.now if idle else admitted < self.now
 
     def _wave_done(self) -> bool:
         return sum(1 for r in self.requests[:self.wave] if not math.isnan(r.finish)) >= self.wave
