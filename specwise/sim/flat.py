@@ -28,7 +28,8 @@ overhead (a server's HTTP and tokenizing time) delays each request's admission b
 server taking arriving requests one at a time (a wave sent at once is admitted one overhead apart).
 Whatever the overhead, an idle engine starts its step on the first request to reach it, alone: the
 others of a wave sent at once join the next step (evaluate opens each round's connections so that its
-first request reaches the server first: docs/design.md, "Measurement rules").
+first request reaches the server first: docs/design.md, "Measurement rules"). A busy engine's next step
+starts the instant its last one ends, without a request sent at that instant (`_reached`).
 A linear model's cost of a new token count (a server building its kernels for a count it has not run
 lately, bench/calibrate/counts.py) is charged to each step whose token count is not among the last
 `count_memory` distinct counts the run's steps had (engine/cost/linear_cost.py RecentCounts).
