@@ -9,56 +9,53 @@ after a 20-word prompt, greedy, ignore_eos), the median of the steps the server 
 sequence fed one row (GET /steps). Then `--loads` times: server A alone serves --load-s seconds of
 --clients concurrent clients (prompts of 60-180 words, 48 tokens out), and both are measured again, A, B,
 A, B. A drift of the machine moves both; a server that slows with what it has served moves A alone, so
-the column to read is A/B. Both servers are ended by PID (SIGTERM to their process groups, then SIGKILL)
-whatever happens. Results: docs/calculators.md, "Limits, in plain words".
+the column to read is A/B. Both servers are serve_process.py's: ended by their process groups (SIGTERM,
+then SIGKILL) whatever happens. Results: docs/calculators.md, "Limits, in plain words".
 """
 
 import argparse
-import json
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
+import tempfile
 import threading
 import time
-import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+from serve_process import ServeProcess
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the window and thinks about"
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega").split()
+# both servers on core 0, the client free to use the other
+LAUNCHER = ["taskset", "-c", "0", sys.executable, "-P", "-m", "specwise", "serve"]
 
 
-def get(port: int, path: str) -> dict:
-    return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=600))
+def complete(server: ServeProcess, prompt: str, max_tokens: int) -> None:
+    httpx.post(server.url("/v1/completions"), timeout=600, json={
+        "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}).raise_for_status()
 
 
-def complete(port: int, body: dict) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    return json.load(urllib.request.urlopen(request, timeout=600))
-
-
-def batch1_step_ms(port: int, model: str, requests: int = 3) -> float:
+def batch1_step_ms(server: ServeProcess, requests: int = 3) -> float:
     """The median batch-1 decode step (one sequence, one row) over `requests` requests one after another."""
-    first = get(port, "/steps?after=0&limit=0")["next"]
+    first = httpx.get(server.url("/steps?after=0&limit=0"), timeout=60).json()["next"]
     for _ in range(requests):
-        complete(port, {"model": model, "prompt": PROMPT, "max_tokens": 64, "ignore_eos": True, "temperature": 0})
-    steps = get(port, f"/steps?after={first}")["steps"]
+        complete(server, PROMPT, 64)
+    steps = httpx.get(server.url(f"/steps?after={first}"), timeout=60).json()["steps"]
     return 1000 * statistics.median(s["seconds"] for s in steps if s["fed"] == [1])
 
 
-def load(port: int, model: str, seconds: float, clients: int, seed: int) -> int:
+def load(server: ServeProcess, seconds: float, clients: int, seed: int) -> int:
     """`clients` closed-loop clients for `seconds`; the requests they completed."""
     stop, done, lock = time.monotonic() + seconds, [0], threading.Lock()
 
     def client(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
         while time.monotonic() < stop:
-            prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(60, 180)))
-            complete(port, {"model": model, "prompt": prompt, "max_tokens": 48, "ignore_eos": True,
-                            "temperature": 0})
+            complete(server, " ".join(rng.choice(WORDS) for _ in range(rng.randint(60, 180))), 48)
             with lock:
                 done[0] += 1
 
@@ -70,64 +67,34 @@ def load(port: int, model: str, seconds: float, clients: int, seed: int) -> int:
     return done[0]
 
 
-def rss_mb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--loads", type=int, default=4)
     parser.add_argument("--load-s", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--ports", default="8101,8102")
+    parser.add_argument("--logs", type=Path, default=None, help="the servers' logs (default: a new temporary folder)")
     parser.add_argument("serve_args", nargs="*", help="more `specwise serve` flags, after --")
     args = parser.parse_args()
-    ports = dict(zip("AB", map(int, args.ports.split(","))))
-    servers: dict[str, subprocess.Popen] = {}
-    try:
-        for name, port in ports.items():
-            servers[name] = subprocess.Popen(
-                ["taskset", "-c", "0", sys.executable, "-m", "specwise", "serve", "--port", str(port),
-                 "--num-threads", "1", "--no-compile", *args.serve_args],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        model = ""
-        for port in ports.values():
-            for _ in range(600):
-                try:
-                    model = get(port, "/v1/models")["data"][0]["id"]
-                    break
-                except OSError:
-                    time.sleep(1)
-            else:
-                sys.exit(f"the server on port {port} never answered")
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="loaded-twin-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    flags = ["--num-threads", "1", "--no-compile", *args.serve_args]
+    with ExitStack() as stack:
+        a, b = (stack.enter_context(ServeProcess(flags, logs / f"{name}.log", launcher=LAUNCHER)) for name in "AB")
 
         def measure(label: str) -> None:
-            steps = {"A": [], "B": []}
+            steps = {a: [], b: []}
             for _ in range(2):
-                for name in "AB":
-                    steps[name].append(batch1_step_ms(ports[name], model))
-            a, b = statistics.mean(steps["A"]), statistics.mean(steps["B"])
-            print(f"{time.strftime('%H:%M:%S')}  {label:<16} A {a:6.1f} ms  B {b:6.1f} ms  A/B {a / b:.3f}  "
-                  f"RSS A {rss_mb(servers['A'].pid)} MB, B {rss_mb(servers['B'].pid)} MB", flush=True)
+                for server in (a, b):
+                    steps[server].append(batch1_step_ms(server))
+            step_a, step_b = statistics.mean(steps[a]), statistics.mean(steps[b])
+            print(f"{time.strftime('%H:%M:%S')}  {label:<16} A {step_a:6.1f} ms  B {step_b:6.1f} ms  "
+                  f"A/B {step_a / step_b:.3f}  RSS A {a.rss_mb():.0f} MB, B {b.rss_mb():.0f} MB", flush=True)
 
-        print("batch-1 decode step, each the mean of two medians; A serves the loads, B idles")
+        print(f"batch-1 decode step, each the mean of two medians; A serves the loads, B idles (logs: {logs})")
         measure("fresh")
         for index in range(args.loads):
-            served = load(ports["A"], model, args.load_s, args.clients, index)
+            served = load(a, args.load_s, args.clients, index)
             measure(f"after load {index + 1} ({served})")
-    finally:
-        for server in servers.values():
-            try:
-                os.killpg(server.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for server in servers.values():
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
 
 
 if __name__ == "__main__":
